@@ -1,0 +1,1 @@
+"""Suite-wide fixtures."""
