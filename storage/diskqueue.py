@@ -1,0 +1,843 @@
+"""`DiskQueue`: a crash-safe FIFO of byte messages in chunk files (go-diskqueue semantics).
+
+Theory of operation
+-------------------
+Records are appended to the newest chunk file through a shared mmap
+(`storage.chunk.ChunkWriter`), so a `put` that returned has its bytes in the
+OS page cache and survives `kill -9` of the process.  `sync()` -- called every
+`sync_every` puts, `sync_timeout` seconds after the first unsynced change (one
+background thread per process, `storage.syncer`), and on `close()` -- msyncs
+and fsyncs the chunk and atomically rewrites the metadata file, which holds
+only the *read* position.  The write position is never trusted from
+metadata: on open the last chunk is scanned to its last valid record (EQueue).
+
+Every record has a sequence number counted from the open (`_written` counts
+records available, `_read` counts records consumed), so `depth()` needs no
+lock.  The newest records also sit in a fixed-size *ring* indexed by
+sequence number: a reader that keeps up is served the very bytes objects that
+were put, without touching the file.  Older records come through the chunk
+cache (`storage.cache`).
+
+Ack-position mode (`ack_mode=True`, used by channels): `read()` hands out
+`(position, payload)` and remembers the position as pending; `ack(position)`
+finishes it, in any order.  Acks are appended to a small journal file (in the
+OS when `ack` returns); metadata keeps the *ack floor* (the oldest record not
+yet acked).  A chunk is deleted only when the floor has moved past it.  On
+reopen, reading restarts at the floor and skips the records the journal
+says were acked, so every un-acked record is delivered again and nothing that
+was acked is.
+
+Threads: one writer thread and one reader thread (which also acks) may use a
+queue at once.  Lock order is read lock, then write lock, then meta lock; the
+writer never takes the read lock.
+
+File names follow go-diskqueue: ``<name>.diskqueue.<n:06d>.dat`` for chunks,
+``<name>.diskqueue.meta.dat`` for metadata, ``<name>.diskqueue.acks.dat`` for
+the ack journal; damaged data is kept beside them with a ``.bad`` suffix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import struct
+import threading
+import time
+import zlib
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from storage.cache import ChunkCache, FileView, MapView, MemoryProbe, machine_memory_percent
+from storage.chunk import (
+    BATCH_FLAG,
+    HEADER_SIZE,
+    MAX_BATCH,
+    RECORD_OVERHEAD,
+    ChunkHeader,
+    ChunkWriter,
+    CorruptRecordError,
+    batch_body,
+    make_position,
+    scan,
+    seal_file,
+    split_batch,
+    split_position,
+)
+from storage.errors import MessageSizeError, QueueClosedError, StorageError
+from storage.meta import fsync_dir, read_json, write_atomic, write_json
+from storage.syncer import SYNCER, Syncer
+
+log = logging.getLogger(__name__)
+
+_NAME_RE = re.compile(r"^[^/\\\x00]{1,200}$")
+_ACK_ENTRY = struct.Struct("<QI")  # position, crc32 of the position bytes
+#: Frames up to this size are kept in the ring of recent frames.
+RING_MAX_FRAME = 64 * 1024
+#: A `put_many` batch is split into frames of at most this many body bytes.
+MAX_FRAME_BODY = 1024 * 1024
+#: Messages decoded from a chunk per read-ahead step.
+READ_AHEAD = 512
+#: The ack journal is rewritten once it holds this many entries (or 4x the live ones).
+JOURNAL_COMPACT_MIN = 65536
+META_VERSION = 2
+
+
+def _split_frames(messages: list[bytes]) -> list[tuple[list[bytes], list[int]]]:
+    """Group a large batch into frames of at most MAX_FRAME_BODY bytes / MAX_BATCH messages."""
+    frames: list[tuple[list[bytes], list[int]]] = []
+    group: list[bytes] = []
+    lengths: list[int] = []
+    size = 0
+    for m in messages:
+        n = len(m)
+        if group and (size + n > MAX_FRAME_BODY or len(group) == MAX_BATCH):
+            frames.append((group, lengths))
+            group, lengths, size = [], [], 0
+        group.append(m)
+        lengths.append(n)
+        size += n
+    frames.append((group, lengths))
+    return frames
+
+
+def _ack_entry(position: int) -> bytes:
+    raw = position.to_bytes(8, "little")
+    return raw + zlib.crc32(raw).to_bytes(4, "little")
+
+
+class DiskQueue:
+    """A durable FIFO queue of byte strings; see the module docstring."""
+
+    def __init__(
+        self,
+        name: str,
+        data_path: str | os.PathLike[str],
+        *,
+        max_bytes_per_file: int = 100 * 1024 * 1024,
+        min_msg_size: int = 0,
+        max_msg_size: int = 1024 * 1024,
+        sync_every: int = 2500,
+        sync_timeout: float = 2.0,
+        ack_mode: bool = False,
+        ring_size: int = 4096,
+        cache_low_watermark: float = 40.0,
+        cache_high_watermark: float = 75.0,
+        cache_idle_seconds: float = 5.0,
+        memory_probe: MemoryProbe = machine_memory_percent,
+        clock: Callable[[], float] = time.monotonic,
+        syncer: Syncer = SYNCER,
+    ) -> None:
+        if not _NAME_RE.match(name):
+            raise ValueError(f"invalid queue name {name!r}: 1-200 characters, "
+                             "no '/', '\\\\' or NUL")
+        if not 0 <= min_msg_size <= max_msg_size:
+            raise ValueError("need 0 <= min_msg_size <= max_msg_size")
+        if max_bytes_per_file < HEADER_SIZE + RECORD_OVERHEAD:
+            raise ValueError("max_bytes_per_file is too small to hold a record")
+        if sync_every < 1 or sync_timeout <= 0 or ring_size < 1:
+            raise ValueError("sync_every and ring_size must be >= 1 and sync_timeout > 0")
+        self.name = name
+        self.data_path = os.fspath(data_path)
+        self.ack_mode = ack_mode
+        self._max_bytes = max_bytes_per_file
+        self._min = min_msg_size
+        self._max = max_msg_size
+        self._sync_every = sync_every
+        self._sync_timeout = sync_timeout
+        self._syncer = syncer
+        self._prefix = os.path.join(self.data_path, f"{name}.diskqueue.")
+        self._meta_path = self._prefix + "meta.dat"
+        self._acks_path = self._prefix + "acks.dat"
+
+        self._wlock = threading.Lock()
+        self._rlock = threading.RLock()
+        self._metalock = threading.Lock()
+        self._rcond = threading.Condition(threading.Lock())
+        self._waiting = False
+        self._closed = False
+
+        # ring of recent frames: slot seq % size -> (seq, position, payload | [payloads], end)
+        self._ring: list[tuple[int, int, Any, int] | None] = [None] * ring_size
+        self._ring_size = ring_size
+        self._cache = ChunkCache(low_watermark=cache_low_watermark,
+                                 high_watermark=cache_high_watermark,
+                                 idle_seconds=cache_idle_seconds, probe=memory_probe,
+                                 clock=clock)
+        self._counts: dict[int, int] = {}  # sealed chunk -> message count
+        self._chunk_reads: dict[int, int] = {}  # chunk -> messages decoded from it
+        self._chunk_writes: dict[int, int] = {}  # chunk -> messages written to it
+        self._view: MapView | FileView | None = None
+        self._view_live = False
+        self._ahead: deque[tuple[int, bytes]] = deque()  # decoded, not yet consumed
+        self._unsynced = 0
+        self._sync_scheduled = False
+        self._c = dict.fromkeys(("bytes_written", "bytes_read", "ring_hits", "corruptions",
+                                 "torn_tails", "syncs", "bad_files", "acks",
+                                 "lost_to_corruption"), 0)
+        # ack mode
+        self._order: deque[tuple[int, int]] = deque()  # (position, index in chunk), read order
+        self._pending: set[int] = set()
+        self._acked_early: set[int] = set()
+        self._skip: set[int] = set()
+        self._journal_fd = -1
+        self._journal_entries = 0
+
+        os.makedirs(self.data_path, exist_ok=True)
+        self._recover()
+
+    # ------------------------------------------------------------------ paths
+
+    def _chunk_path(self, n: int) -> str:
+        return f"{self._prefix}{n:06d}.dat"
+
+    def _existing_chunks(self) -> list[int]:
+        base = os.path.basename(self._prefix)
+        rx = re.compile(re.escape(base) + r"(\d{6,})\.dat$")
+        found = []
+        for entry in os.listdir(self.data_path):
+            m = rx.match(entry)
+            if m:
+                found.append(int(m.group(1)))
+        return sorted(found)
+
+    # --------------------------------------------------------------- recovery
+
+    def _recover(self) -> None:
+        """Rebuild the queue from its files: metadata for the read side, scans for the rest."""
+        meta = read_json(self._meta_path) or {}
+        chunks = self._existing_chunks()
+        cursor = meta.get("cursor") if meta.get("version") == META_VERSION else None
+        if cursor is None:
+            cursor, index = make_position(chunks[0] if chunks else 1, HEADER_SIZE), 0
+        else:
+            cursor, index = int(cursor), int(meta.get("index", 0))
+        r_chunk = cursor >> 48
+        for n in [c for c in chunks if c < r_chunk]:  # consumed before the crash
+            os.unlink(self._chunk_path(n))
+        chunks = [c for c in chunks if c >= r_chunk]
+
+        writer: ChunkWriter | None = None
+        for i, n in enumerate(chunks):
+            last = i == len(chunks) - 1
+            path = self._chunk_path(n)
+            with open(path, "rb") as f:
+                header = ChunkHeader.unpack(f.read(HEADER_SIZE))
+            if header is not None and header.sealed and not last:
+                self._counts[n] = header.count
+                continue
+            result = scan(path, self._max + 4 * MAX_BATCH + 4)
+            if result.header is None:
+                self._quarantine(n, "has a missing or damaged header")
+                continue
+            if result.dirty_end > result.end:
+                self._keep_bad_tail(path, result.end, result.dirty_end, torn=result.torn)
+            if last:
+                writer = ChunkWriter(path, n, self._max_bytes, create=False,
+                                     end=result.end, count=result.count)
+                if result.dirty_end > result.end:
+                    writer.zero_from(result.end)
+            else:
+                seal_file(path, n, result.count, result.end)
+                self._counts[n] = result.count
+        if writer is None:
+            n = max([*self._counts, r_chunk - 1, 0]) + 1
+            writer = ChunkWriter(self._chunk_path(n), n, self._max_bytes, create=True)
+        self._writer: ChunkWriter | None = writer
+        self._wchunk = writer.number
+
+        if r_chunk not in self._counts and r_chunk != self._wchunk:  # gone: start further on
+            r_chunk = self._next_chunk(r_chunk)
+            cursor, index = make_position(r_chunk, HEADER_SIZE), 0
+        count = self._counts.get(r_chunk, writer.count if r_chunk == self._wchunk else 0)
+        if index > count:
+            log.warning("queue %s: metadata says %d messages of chunk %d were read but it holds "
+                        "%d; reading that chunk again from the start", self.name, index,
+                        r_chunk, count)
+            cursor, index = make_position(r_chunk, HEADER_SIZE), 0
+        _, r_off, r_skip = split_position(cursor)
+        self._rchunk, self._roff, self._rskip, self._rdecoded = r_chunk, r_off, r_skip, index
+        self._cchunk, self._cidx, self._cursor = r_chunk, index, cursor
+        self._rstate = self._meta_state = (cursor, index)
+        self._oldest = r_chunk
+        remaining = sum(c for n, c in self._counts.items() if n >= r_chunk) - index
+        if self._wchunk >= r_chunk:
+            remaining += writer.count
+        self._read = self._decoded = 0
+        self._written = max(remaining, 0)
+        if self.ack_mode:
+            self._open_journal(cursor)
+        elif os.path.exists(self._acks_path):
+            os.unlink(self._acks_path)
+
+    def _next_chunk(self, n: int) -> int:
+        """The next existing chunk after `n` (the write chunk at the latest)."""
+        n += 1
+        while n < self._wchunk and n not in self._counts:
+            n += 1
+        return n
+
+    def _quarantine(self, n: int, why: str) -> None:
+        path = self._chunk_path(n)
+        log.warning("queue %s: chunk %s %s; renamed to .bad and skipped", self.name, path, why)
+        os.replace(path, path + ".bad")
+        self._c["corruptions"] += 1
+        self._c["bad_files"] += 1
+
+    def _keep_bad_tail(self, path: str, start: int, end: int, *, torn: bool) -> None:
+        if torn:
+            log.info("queue %s: cut a torn tail of %d bytes off %s", self.name, end - start, path)
+            self._c["torn_tails"] += 1
+            return
+        log.warning("queue %s: corrupt data at offset %d of %s; %d bytes from there on were "
+                    "saved to %s.bad and dropped", self.name, start, path, end - start, path)
+        with open(path, "rb") as src:
+            src.seek(start)
+            write_atomic(path + ".bad", src.read(end - start))
+        self._c["corruptions"] += 1
+        self._c["bad_files"] += 1
+
+    def _open_journal(self, floor: int) -> None:
+        """Load acks at or above the floor, then reopen the journal for appending."""
+        skip: set[int] = set()
+        if os.path.exists(self._acks_path):
+            with open(self._acks_path, "rb") as f:
+                raw = f.read()
+            good = 0
+            for off in range(0, len(raw) - len(raw) % 12, 12):
+                pos, crc = _ACK_ENTRY.unpack_from(raw, off)
+                if zlib.crc32(raw[off : off + 8]) != crc:
+                    log.warning("queue %s: ack journal damaged at entry %d; later acks are "
+                                "ignored (those messages will be delivered again)",
+                                self.name, off // 12)
+                    self._c["corruptions"] += 1
+                    break
+                good = off + 12
+                chunk = pos >> 48
+                if pos >= floor and (chunk in self._counts or chunk == self._wchunk):
+                    skip.add(pos)
+            if good != len(raw):
+                os.truncate(self._acks_path, good)
+        self._skip = skip
+        self._journal_fd = os.open(self._acks_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._journal_entries = len(skip)
+
+    # ------------------------------------------------------------------ write
+
+    def put(self, data: bytes) -> None:
+        """Append one message; it is in the OS (survives kill -9) when this returns."""
+        n = len(data)
+        if n < self._min or n > self._max:
+            raise MessageSizeError(n, self._min, self._max)
+        with self._wlock:
+            w = self._writer
+            if w is None:
+                raise QueueClosedError(f"queue {self.name} is closed")
+            if w.count and not w.room_for(n + RECORD_OVERHEAD):
+                w = self._rotate()
+            off = w.append(data)
+            seq = self._written
+            if n <= RING_MAX_FRAME:
+                self._ring[seq % self._ring_size] = (seq, make_position(w.number, off), data,
+                                                     w.end)
+            self._written = seq + 1
+            self._c["bytes_written"] += n
+            self._after_write(1)
+        if self._waiting:
+            self._wake()
+
+    def put_many(self, messages: Iterable[bytes]) -> None:
+        """Append a batch: validated all-or-nothing, then copied into the file in one go.
+
+        The batch is stored as one frame (several if it exceeds 1 MiB or
+        65,535 messages) with one CRC.
+        """
+        messages = list(messages)
+        if not messages:
+            return
+        lengths = list(map(len, messages))
+        if min(lengths) < self._min or max(lengths) > self._max:
+            bad = next(n for n in lengths if n < self._min or n > self._max)
+            raise MessageSizeError(bad, self._min, self._max)
+        total = sum(lengths)
+        if total <= MAX_FRAME_BODY and len(messages) <= MAX_BATCH:
+            frames = [(messages, lengths)]
+        else:
+            frames = _split_frames(messages)
+        with self._wlock:
+            if self._writer is None:
+                raise QueueClosedError(f"queue {self.name} is closed")
+            for group in frames:
+                self._put_frame(group)
+            self._c["bytes_written"] += total
+            self._after_write(len(messages))
+        if self._waiting:
+            self._wake()
+
+    def _put_frame(self, group: tuple[list[bytes], list[int]]) -> None:
+        messages, lengths = group
+        body = batch_body(messages, lengths)
+        w = self._writer
+        assert w is not None
+        if w.count and not w.room_for(len(body) + RECORD_OVERHEAD):
+            w = self._rotate()
+        off = w.append_batch(body, len(messages))
+        seq = self._written
+        if len(body) <= RING_MAX_FRAME:
+            self._ring[seq % self._ring_size] = (seq, make_position(w.number, off), messages,
+                                                 w.end)
+        self._written = seq + len(messages)
+
+    def _after_write(self, count: int) -> None:
+        self._unsynced += count
+        if self._unsynced >= self._sync_every:
+            self._sync_locked()
+        elif not self._sync_scheduled:
+            self._sync_scheduled = True
+            self._syncer.schedule(self, self._sync_timeout)
+
+    def _rotate(self) -> ChunkWriter:
+        """Seal the write chunk and start the next one (write lock held)."""
+        w = self._writer
+        assert w is not None
+        # Create the next chunk first: if the disk is full, nothing has changed.
+        nxt = ChunkWriter(self._chunk_path(w.number + 1), w.number + 1, self._max_bytes,
+                          create=True)
+        self._chunk_writes[w.number] = w.count
+        w.seal()
+        self._counts[w.number] = w.count
+        self._writer = nxt
+        self._wchunk = nxt.number
+        return nxt
+
+    def _wake(self) -> None:
+        with self._rcond:
+            self._rcond.notify_all()
+
+    # ------------------------------------------------------------------- read
+
+    def depth(self) -> int:
+        """Messages put and not yet read (ack mode: not yet read, or un-acked before a restart)."""
+        return max(self._written - self._read - len(self._skip), 0)
+
+    def pending(self) -> int:
+        """Ack mode: messages read and not yet acked."""
+        return len(self._pending)
+
+    def get(self, timeout: float | None = 0.0) -> bytes | None:
+        """The oldest unread message, or None if the queue is still empty after `timeout`.
+
+        `timeout=None` waits until a message arrives (or the queue is closed).
+        In ack mode the message is acked at once.
+        """
+        if not self.ack_mode:
+            with self._rlock:  # fast path: the next message is already decoded
+                ahead = self._ahead
+                if ahead and not self._closed:
+                    pos, data = ahead.popleft()
+                    self._read += 1
+                    if pos >> 48 == self._cchunk:
+                        self._cidx += 1
+                    else:
+                        self._cchunk, self._cidx = pos >> 48, 1
+                    self._rstate = (pos + 1, self._cidx)
+                    if not self._sync_scheduled:
+                        self._sync_scheduled = True
+                        self._syncer.schedule(self, self._sync_timeout)
+                    return data
+        rec = self.read(timeout)
+        if rec is None:
+            return None
+        if self.ack_mode:
+            self.ack(rec[0])
+        return rec[1]
+
+    def read(self, timeout: float | None = 0.0) -> tuple[int, bytes] | None:
+        """`(position, payload)` of the oldest unread message, or None after `timeout`."""
+        got = self.read_many(1, timeout)
+        return got[0] if got else None
+
+    def get_many(self, limit: int, timeout: float | None = 0.0) -> list[bytes]:
+        """Up to `limit` messages (at least one unless `timeout` passes first)."""
+        recs = self.read_many(limit, timeout)
+        if self.ack_mode and recs:
+            self.ack_many([p for p, _ in recs])
+        return [m for _, m in recs]
+
+    def read_many(self, limit: int, timeout: float | None = 0.0) -> list[tuple[int, bytes]]:
+        """Up to `limit` `(position, payload)` pairs in queue order; waits like `get`."""
+        with self._rlock:
+            out = self._take(limit)
+        if out or timeout == 0:
+            return out
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            # Wait without the read lock, so close() and syncs are never held up.
+            with self._rcond:
+                self._waiting = True
+                try:
+                    if self._read >= self._written and not self._closed:
+                        left = None if deadline is None else deadline - time.monotonic()
+                        if left is not None and left <= 0:
+                            return out
+                        self._rcond.wait(left)
+                finally:
+                    self._waiting = False
+            with self._rlock:
+                out = self._take(limit)
+            if out or (deadline is not None and time.monotonic() >= deadline):
+                return out
+
+    def _take(self, limit: int) -> list[tuple[int, bytes]]:
+        """Consume up to `limit` decoded messages (read lock held)."""
+        if self._closed:
+            raise QueueClosedError(f"queue {self.name} is closed")
+        out: list[tuple[int, bytes]] = []
+        ahead = self._ahead
+        skip = self._skip
+        ack_mode = self.ack_mode
+        pos = -1
+        while len(out) < limit:
+            if not ahead:
+                if self._decoded >= self._written or not self._decode():
+                    break
+                continue
+            pos, data = ahead.popleft()
+            self._read += 1
+            if pos >> 48 == self._cchunk:
+                self._cidx += 1
+            else:
+                self._cchunk, self._cidx = pos >> 48, 1
+            if skip and pos in skip:
+                skip.discard(pos)
+                continue
+            if ack_mode:
+                self._order.append((pos, self._cidx - 1))
+                self._pending.add(pos)
+            out.append((pos, data))
+        if pos >= 0:
+            self._rstate = (pos + 1, self._cidx)
+            if not self._sync_scheduled:
+                self._sync_scheduled = True
+                self._syncer.schedule(self, self._sync_timeout)
+        return out
+
+    def _decode(self) -> bool:
+        """Decode the next frames into the read-ahead buffer; False if nothing came."""
+        seq = self._decoded
+        entry = self._ring[seq % self._ring_size]
+        if entry is not None and entry[0] == seq:
+            _, pos, msgs, nxt = entry
+            if pos >> 48 != self._rchunk:
+                self._enter_chunk(pos >> 48)
+            if type(msgs) is bytes:
+                self._ahead.append((pos, msgs))
+                n = 1
+            else:
+                self._ahead.extend(zip(range(pos, pos + len(msgs)), msgs, strict=True))
+                n = len(msgs)
+            self._roff = nxt
+            self._decoded = seq + n
+            self._rdecoded += n
+            self._c["ring_hits"] += 1
+            self._cache.touch(self._rchunk)
+            self._c["bytes_read"] += nxt - (pos >> 16 & 0xFFFFFFFF) - RECORD_OVERHEAD
+            return True
+        sealed = self._counts.get(self._rchunk)
+        if sealed is not None and self._rdecoded >= sealed:
+            self._enter_chunk(self._next_chunk(self._rchunk))
+            return True
+        view = self._view_for_read(sealed)
+        budget = min(self._written - seq, READ_AHEAD)
+        chunk, off, got = self._rchunk, self._roff, 0
+        ahead = self._ahead
+        try:
+            while got < budget and (sealed is None or self._rdecoded + got < sealed):
+                field, body, nxt = view.record_at(off)
+                base = make_position(chunk, off)
+                if field & BATCH_FLAG:
+                    msgs = split_batch(body)
+                    if self._rskip:
+                        msgs, base = msgs[self._rskip :], base + self._rskip
+                        self._rskip = 0
+                    ahead.extend(zip(range(base, base + len(msgs)), msgs, strict=True))
+                    got += len(msgs)
+                elif self._rskip:  # resuming just after this message
+                    self._rskip = 0
+                else:
+                    ahead.append((base, body))
+                    got += 1
+                off = nxt
+        except CorruptRecordError as e:
+            self._decoded += got
+            self._rdecoded += got
+            self._roff = off
+            self._corrupt_chunk(e)
+            return True
+        self._cache.touch(chunk)
+        self._c["bytes_read"] += off - self._roff - RECORD_OVERHEAD * got
+        self._roff = off
+        self._decoded += got
+        self._rdecoded += got
+        return got > 0
+
+    def _view_for_read(self, sealed: int | None) -> MapView | FileView:
+        view = self._view
+        if view is None:
+            view = self._cache.view(self._rchunk, self._chunk_path(self._rchunk))
+            self._view = view
+            self._view_live = sealed is None
+        elif self._view_live and sealed is not None:
+            view.refresh()  # the chunk was sealed and trimmed under our mapping
+            self._view_live = False
+        return view
+
+    def _enter_chunk(self, chunk: int) -> None:
+        """Move decoding to the start of `chunk` (read lock held)."""
+        self._chunk_reads[self._rchunk] = self._rdecoded
+        if self._view is not None and not self._view.cached:
+            self._view.close()
+        self._view = None
+        self._rchunk, self._roff, self._rdecoded, self._rskip = chunk, HEADER_SIZE, 0, 0
+        # Decoding only moves on when everything decoded was consumed, so in
+        # plain mode the chunks before this one are done with.
+        if not self.ack_mode or not self._order:
+            self._delete_chunks_before(chunk)
+
+    def _delete_chunks_before(self, chunk: int) -> None:
+        while self._oldest < chunk and self._oldest < self._wchunk:
+            n = self._oldest
+            self._cache.forget(n)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._chunk_path(n))
+            self._counts.pop(n, None)
+            self._oldest = n + 1
+
+    def _corrupt_chunk(self, err: CorruptRecordError) -> None:
+        """A frame failed its checks: keep the chunk as .bad and go on with the next one."""
+        n = self._rchunk
+        if n == self._wchunk:
+            with self._wlock:
+                if n == self._wchunk and self._writer is not None:
+                    self._rotate()
+        lost = max(self._counts.get(n, 0) - self._rdecoded, 0)
+        log.error("queue %s: %s in chunk %s; skipping its remaining %d messages (kept in %s.bad)",
+                  self.name, err, self._chunk_path(n), lost, self._chunk_path(n))
+        self._c["corruptions"] += 1
+        self._c["bad_files"] += 1
+        self._c["lost_to_corruption"] += lost
+        self._cache.forget(n)
+        if self._view is not None:
+            self._view.close()
+            self._view = None
+        path = self._chunk_path(n)
+        with contextlib.suppress(FileNotFoundError):
+            shutil.copyfile(path, path + ".bad")
+        self._skip = {p for p in self._skip if p >> 48 != n}
+        self._read += lost
+        self._decoded += lost
+        self._rdecoded += lost
+
+    # -------------------------------------------------------------------- ack
+
+    def ack(self, position: int) -> bool:
+        """Finish a record handed out by `read()`. False if it is not pending."""
+        return self.ack_many((position,)) == 1
+
+    def ack_many(self, positions: Iterable[int]) -> int:
+        """Finish several records with one journal write; returns how many were pending."""
+        if not self.ack_mode:
+            raise StorageError(f"queue {self.name} is not in ack mode")
+        with self._rlock:
+            if self._closed:
+                raise QueueClosedError(f"queue {self.name} is closed")
+            done = []
+            pending, order, early = self._pending, self._order, self._acked_early
+            for pos in positions:
+                if pos not in pending:
+                    continue
+                pending.remove(pos)
+                done.append(pos)
+                if order[0][0] == pos:
+                    order.popleft()
+                    while order and order[0][0] in early:
+                        early.remove(order.popleft()[0])
+                else:
+                    early.add(pos)
+            if not done:
+                return 0
+            os.write(self._journal_fd, b"".join(_ack_entry(p) for p in done))
+            self._journal_entries += len(done)
+            self._c["acks"] += len(done)
+            floor_chunk = order[0][0] >> 48 if order else self._rchunk
+            if floor_chunk > self._oldest:
+                self._delete_chunks_before(floor_chunk)
+            if self._journal_entries > max(JOURNAL_COMPACT_MIN, 4 * (len(early) + len(self._skip))):
+                self._compact_journal()
+            return len(done)
+
+    def _floor(self) -> tuple[int, int]:
+        """(position, index in chunk) from which a reopened queue must read again."""
+        state = self._rstate  # read before peeking at the pending list: see ack_many
+        if self.ack_mode:
+            try:
+                return self._order[0]
+            except IndexError:
+                return state
+        return state
+
+    def _write_meta(self, *, force: bool = False) -> None:
+        """Persist the read position (ack mode: the floor) if it moved (meta lock held)."""
+        state = self._floor()
+        if state == self._meta_state and not force:
+            return
+        cursor, index = state
+        write_json(self._meta_path, {"version": META_VERSION, "cursor": cursor, "index": index})
+        self._meta_state = state
+
+    def _compact_journal(self) -> None:
+        """Rewrite the ack journal with only the acks above the floor (read lock held)."""
+        with self._metalock:
+            self._write_meta(force=True)
+            floor = self._floor()[0]
+            keep = [p for p in (self._acked_early | self._skip) if p >= floor]
+            write_atomic(self._acks_path, b"".join(_ack_entry(p) for p in keep))
+            os.close(self._journal_fd)
+            self._journal_fd = os.open(self._acks_path, os.O_WRONLY | os.O_APPEND)
+            self._journal_entries = len(keep)
+
+    # ------------------------------------------------------------ maintenance
+
+    def sync(self) -> None:
+        """Make everything put so far, the read position and the acks durable (fsync)."""
+        with self._wlock:
+            if self._writer is None:
+                raise QueueClosedError(f"queue {self.name} is closed")
+            self._sync_locked()
+
+    def _sync_locked(self, *, force_meta: bool = False) -> None:
+        assert self._writer is not None
+        self._writer.flush()
+        with self._metalock:
+            self._write_meta(force=force_meta)
+            if self._journal_fd >= 0:
+                os.fsync(self._journal_fd)
+        self._unsynced = 0
+        self._c["syncs"] += 1
+
+    def _timed_sync(self) -> None:
+        """Called by the background syncer `sync_timeout` after the first unsynced change."""
+        self._sync_scheduled = False
+        with self._rlock:
+            if not self._closed:
+                self._cache.maintain()  # idle chunks go even when nobody reads
+        with self._wlock:
+            if self._writer is not None:
+                self._sync_locked()
+
+    def empty(self) -> None:
+        """Discard every message (and, in ack mode, every pending one): go-diskqueue Empty."""
+        with self._rlock, self._wlock:
+            w = self._writer
+            if w is None:
+                raise QueueClosedError(f"queue {self.name} is closed")
+            nxt = w.number + 1
+            w.close()
+            self._drop_files(keep_bad=True)
+            self._counts.clear()
+            self._cache.close()
+            self._view = None
+            self._ring = [None] * self._ring_size
+            self._order.clear()
+            self._pending.clear()
+            self._acked_early.clear()
+            self._skip.clear()
+            self._writer = ChunkWriter(self._chunk_path(nxt), nxt, self._max_bytes, create=True)
+            self._wchunk = self._oldest = self._rchunk = self._cchunk = nxt
+            self._roff, self._rskip, self._rdecoded, self._cidx = HEADER_SIZE, 0, 0, 0
+            self._cursor = make_position(nxt, HEADER_SIZE)
+            self._rstate = (self._cursor, 0)
+            self._ahead.clear()
+            self._read = self._decoded = self._written = 0
+            if self.ack_mode:
+                self._journal_fd = os.open(self._acks_path,
+                                           os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                self._journal_entries = 0
+            self._sync_locked(force_meta=True)
+
+    def _drop_files(self, *, keep_bad: bool) -> None:
+        if self._journal_fd >= 0:
+            os.close(self._journal_fd)
+            self._journal_fd = -1
+        base = os.path.basename(self._prefix)
+        for entry in os.listdir(self.data_path):
+            if entry.startswith(base) and not (keep_bad and entry.endswith(".bad")):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.data_path, entry))
+        fsync_dir(self.data_path)
+
+    def close(self) -> None:
+        """Sync and release everything; further use raises `QueueClosedError`."""
+        with self._rlock, self._wlock:
+            if self._writer is None:
+                return
+            self._sync_locked()
+            self._writer.close(truncate=True)
+            self._writer = None
+            self._closed = True
+            if self._view is not None and not self._view.cached:
+                self._view.close()
+            self._view = None
+            self._cache.close()
+            if self._journal_fd >= 0:
+                os.close(self._journal_fd)
+                self._journal_fd = -1
+        self._wake()
+
+    def delete(self) -> None:
+        """Close and remove every file of the queue."""
+        self.close()
+        with self._rlock, self._wlock:
+            self._drop_files(keep_bad=False)
+
+    def __enter__(self) -> DiskQueue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ stats
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for operators and tests (see docs/STORAGE.md); byte counts are since open."""
+        w = self._writer
+        chunks: dict[int, dict[str, Any]] = {}
+        cached = set(self._cache.cached_chunks())
+        live = dict(self._counts)
+        if w is not None:
+            live[w.number] = w.count
+        for n in sorted(live):
+            if n < self._oldest:
+                continue
+            reads = self._rdecoded if n == self._rchunk else self._chunk_reads.get(n, 0)
+            writes = live[n] if w is not None and n == w.number else self._chunk_writes.get(n, 0)
+            chunks[n] = {"messages": live[n], "reads": reads, "writes": writes,
+                         "cached": n in cached}
+        cs = self._cache.stats
+        return {
+            "name": self.name,
+            "depth": self.depth(),
+            "pending": len(self._pending),
+            "ack_mode": self.ack_mode,
+            "read_chunk": self._rchunk,
+            "write_chunk": self._wchunk,
+            "chunks": chunks,
+            "cache": {"hits": cs.hits, "misses": cs.misses, "admitted": cs.admitted,
+                      "rejected": cs.rejected, "evicted": cs.evicted,
+                      "cached_chunks": sorted(cached), "cached_bytes": self._cache.cached_bytes()},
+            **self._c,
+        }
+

@@ -1,0 +1,124 @@
+"""Ack-position mode: a message leaves the queue only when it is acked."""
+
+from __future__ import annotations
+
+import pytest
+
+from storage import StorageError
+from storage import diskqueue as dq_mod
+from tests.storage.conftest import chunk_files
+
+
+def test_read_hands_out_positions_and_ack_finishes_them_in_any_order(open_queue):
+    q = open_queue(ack_mode=True)
+    q.put_many([b"a", b"b", b"c"])
+    recs = q.read_many(3)
+    assert [m for _, m in recs] == [b"a", b"b", b"c"]
+    assert q.depth() == 0
+    assert q.pending() == 3
+    assert q.ack(recs[2][0]) is True
+    assert q.ack(recs[0][0]) is True
+    assert q.pending() == 1
+
+
+def test_acking_an_unknown_or_already_acked_position_returns_false(open_queue):
+    q = open_queue(ack_mode=True)
+    q.put(b"x")
+    pos, _ = q.read()
+    assert q.ack(pos + 12345) is False
+    assert q.ack(pos) is True
+    assert q.ack(pos) is False
+    assert q.ack_many([pos, pos + 1]) == 0
+
+
+def test_ack_is_refused_outside_ack_mode(open_queue):
+    q = open_queue()
+    q.put(b"x")
+    pos, _ = q.read()
+    with pytest.raises(StorageError, match="not in ack mode"):
+        q.ack(pos)
+
+
+def test_after_reopen_every_unacked_message_is_readable_again_and_acked_ones_are_not(open_queue):
+    # Given messages read in several chunks, some acked out of order
+    q = open_queue(ack_mode=True, max_bytes_per_file=256)
+    msgs = [b"m%03d" % i for i in range(60)]
+    q.put_many(msgs[:20])
+    for m in msgs[20:]:
+        q.put(m)
+    recs = q.read_many(50)
+    acked = {p for i, (p, _) in enumerate(recs) if i % 3 != 1}
+    assert q.ack_many(acked) == len(acked)
+    # When the queue is closed and reopened
+    q.close()
+    q = open_queue(ack_mode=True, max_bytes_per_file=256)
+    # Then the unacked and the never-read messages come back, in order, and nothing else
+    expected = [m for i, m in enumerate(msgs[:50]) if i % 3 == 1] + msgs[50:]
+    assert q.depth() == len(expected)
+    again = q.read_many(1000)
+    assert [m for _, m in again] == expected
+    assert q.depth() == 0
+
+
+def test_a_get_in_ack_mode_acks_at_once(open_queue):
+    q = open_queue(ack_mode=True)
+    q.put_many([b"a", b"b"])
+    assert q.get() == b"a"
+    assert q.get_many(5) == [b"b"]
+    assert q.pending() == 0
+    q.close()
+    q = open_queue(ack_mode=True)
+    assert q.depth() == 0
+
+
+def test_a_chunk_is_deleted_only_when_every_message_in_it_is_acked(open_queue, tmp_path):
+    q = open_queue(ack_mode=True, max_bytes_per_file=200)
+    for i in range(30):
+        q.put(b"%02d" % i + b"-" * 20)
+    files_before = len(chunk_files(tmp_path))
+    recs = q.read_many(30)
+    # Everything read, the first message still pending: no chunk may go.
+    q.ack_many([p for p, _ in recs[1:]])
+    assert len(chunk_files(tmp_path)) == files_before
+    # Acking it lets every fully acked chunk go.
+    q.ack(recs[0][0])
+    assert len(chunk_files(tmp_path)) == 1
+
+
+def test_the_ack_journal_is_compacted_and_still_correct_after_reopen(open_queue, monkeypatch,
+                                                                     tmp_path):
+    monkeypatch.setattr(dq_mod, "JOURNAL_COMPACT_MIN", 10)
+    q = open_queue(ack_mode=True)
+    q.put_many([b"%03d" % i for i in range(100)])
+    recs = q.read_many(100)
+    for pos, _ in recs[:60]:  # in order: the floor follows, nothing needs remembering
+        q.ack(pos)
+    journal = tmp_path / "q.diskqueue.acks.dat"
+    assert journal.stat().st_size < 12 * 11  # rewritten, not only appended
+    q.ack_many([p for p, _ in recs[61:]])
+    q.close()
+    q = open_queue(ack_mode=True)
+    assert [m for _, m in q.read_many(100)] == [b"060"]
+
+
+def test_a_crash_after_acks_loses_no_unacked_message(open_queue):
+    # A "crash": the queue object is dropped without close(); its files are reopened.
+    q = open_queue(ack_mode=True)
+    q.put_many([b"a", b"b", b"c", b"d"])
+    recs = q.read_many(4)
+    q.ack(recs[1][0])
+    q.ack(recs[3][0])
+    q2 = open_queue("q", ack_mode=True)
+    assert [m for _, m in q2.read_many(10)] == [b"a", b"c"]
+
+
+def test_empty_in_ack_mode_drops_pending_messages_too(open_queue):
+    q = open_queue(ack_mode=True)
+    q.put_many([b"a", b"b"])
+    q.read()
+    q.empty()
+    assert q.pending() == 0
+    assert q.depth() == 0
+    q.close()
+    q = open_queue(ack_mode=True)
+    assert q.read() is None

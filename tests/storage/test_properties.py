@@ -1,0 +1,146 @@
+"""Property tests: random operation sequences against an in-memory model."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections import deque
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from storage import DiskQueue
+from tests.storage.conftest import FakeMemory, ManualSyncer
+
+messages = st.binary(min_size=0, max_size=300)
+SETTINGS = settings(max_examples=60, stateful_step_count=40, deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+class PlainQueueModel(RuleBasedStateMachine):
+    """put / put_many / get / get_many / reopen / empty behave like a deque."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = tempfile.mkdtemp(prefix="dqprop")
+        self.model: deque[bytes] = deque()
+        self.low_memory = FakeMemory(10)
+        self.q = self._open()
+
+    def _open(self) -> DiskQueue:
+        return DiskQueue("p", self.dir, max_bytes_per_file=512, ring_size=8,
+                         syncer=ManualSyncer(), memory_probe=self.low_memory)
+
+    @rule(m=messages)
+    def put(self, m: bytes) -> None:
+        self.q.put(m)
+        self.model.append(m)
+
+    @rule(ms=st.lists(messages, max_size=30))
+    def put_many(self, ms: list[bytes]) -> None:
+        self.q.put_many(ms)
+        self.model.extend(ms)
+
+    @rule()
+    def get(self) -> None:
+        expected = self.model.popleft() if self.model else None
+        assert self.q.get() == expected
+
+    @rule(n=st.integers(1, 50))
+    def get_many(self, n: int) -> None:
+        expected = [self.model.popleft() for _ in range(min(n, len(self.model)))]
+        assert self.q.get_many(n) == expected
+
+    @rule()
+    def reopen(self) -> None:
+        self.q.close()
+        self.q = self._open()
+
+    @rule(percent=st.sampled_from([10, 50, 90]))
+    def memory_pressure(self, percent: int) -> None:
+        self.low_memory.percent = percent
+
+    @precondition(lambda self: len(self.model) < 5)
+    @rule()
+    def empty(self) -> None:
+        self.q.empty()
+        self.model.clear()
+
+    @invariant()
+    def depth_matches(self) -> None:
+        assert self.q.depth() == len(self.model)
+
+    def teardown(self) -> None:
+        self.q.close()
+        shutil.rmtree(self.dir)
+
+
+class AckQueueModel(RuleBasedStateMachine):
+    """In ack mode, a reopen brings back exactly the unacked messages, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = tempfile.mkdtemp(prefix="dqack")
+        self.unread: list[tuple[int, bytes]] = []  # (seq, payload) not handed out
+        self.pending: dict[int, tuple[int, bytes]] = {}  # position -> (seq, payload)
+        self.seq = 0
+        self.q = self._open()
+
+    def _open(self) -> DiskQueue:
+        return DiskQueue("a", self.dir, max_bytes_per_file=400, ack_mode=True, ring_size=4,
+                         syncer=ManualSyncer(), memory_probe=FakeMemory(10))
+
+    def _add(self, ms: list[bytes]) -> None:
+        for m in ms:
+            self.unread.append((self.seq, m))
+            self.seq += 1
+
+    @rule(m=messages)
+    def put(self, m: bytes) -> None:
+        self.q.put(m)
+        self._add([m])
+
+    @rule(ms=st.lists(messages, max_size=20))
+    def put_many(self, ms: list[bytes]) -> None:
+        self.q.put_many(ms)
+        self._add(ms)
+
+    @rule(n=st.integers(1, 20))
+    def read(self, n: int) -> None:
+        got = self.q.read_many(n)
+        expected, self.unread = self.unread[:n], self.unread[n:]
+        assert [m for _, m in got] == [m for _, m in expected]
+        for (pos, _), item in zip(got, expected, strict=True):
+            self.pending[pos] = item
+
+    @rule(data=st.data())
+    def ack_some(self, data: st.DataObject) -> None:
+        if not self.pending:
+            return
+        chosen = data.draw(st.lists(st.sampled_from(sorted(self.pending)), unique=True))
+        assert self.q.ack_many(chosen) == len(chosen)
+        for p in chosen:
+            del self.pending[p]
+
+    @rule()
+    def reopen(self) -> None:
+        self.q.close()
+        self.q = self._open()
+        self.unread = sorted([*self.pending.values(), *self.unread])
+        self.pending.clear()
+
+    @invariant()
+    def counts_match(self) -> None:
+        assert self.q.depth() == len(self.unread)
+        assert self.q.pending() == len(self.pending)
+
+    def teardown(self) -> None:
+        self.q.close()
+        shutil.rmtree(self.dir)
+
+
+TestPlainQueue = PlainQueueModel.TestCase
+TestPlainQueue.settings = SETTINGS
+TestAckQueue = AckQueueModel.TestCase
+TestAckQueue.settings = SETTINGS
