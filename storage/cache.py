@@ -62,6 +62,12 @@ class MapView:
         self.size = size
         self._map = mmap.mmap(self._fd, size, access=mmap.ACCESS_READ) if size else None
 
+    def window(self, offset: int, need: int) -> tuple[mmap.mmap | bytes, int]:
+        """`(buffer, file offset of buffer[0])` holding `need` bytes at `offset` if the file does."""
+        if offset + need > self.size:
+            self.refresh()  # the live chunk grew since we mapped it
+        return (self._map if self._map is not None else b""), 0
+
     def record_at(self, offset: int) -> tuple[int, bytes, int]:
         """`(length field, body, next offset)` of the frame at `offset`."""
         if offset + 8 > self.size:
@@ -99,6 +105,12 @@ class FileView:
 
     def refresh(self) -> None:
         self._buf = b""
+
+    def window(self, offset: int, need: int) -> tuple[bytes, int]:
+        rel = offset - self._start
+        if rel < 0 or rel + need > len(self._buf):
+            self._fill(offset, max(self.WINDOW, need))
+        return self._buf, self._start
 
     def record_at(self, offset: int) -> tuple[int, bytes, int]:
         rel = offset - self._start

@@ -94,7 +94,7 @@ def batch_body(messages: Sequence[bytes], lengths: Sequence[int] | None = None) 
     k = len(messages)
     if lengths is None:
         lengths = [len(m) for m in messages]
-    return struct.pack(f"<I{k}I", k, *lengths) + b"".join(messages)
+    return b"".join([struct.pack(f"<I{k}I", k, *lengths), *messages])
 
 
 def batch_frame(messages: Sequence[bytes]) -> bytes:
@@ -105,11 +105,17 @@ def batch_frame(messages: Sequence[bytes]) -> bytes:
 
 
 def split_batch(body: bytes) -> list[bytes]:
-    """The messages of a batch body (checked by the frame CRC already)."""
+    """The messages of a batch body; `CorruptRecordError` if its lengths do not add up."""
+    if len(body) < 4:
+        raise CorruptRecordError(0, "batch body too short")
     k = _U32.unpack_from(body, 0)[0]
-    lengths = struct.unpack_from(f"<{k}I", body, 4)
-    out = []
     pos = 4 + 4 * k
+    if pos > len(body):
+        raise CorruptRecordError(0, f"batch of {k} messages cannot fit its body")
+    lengths = struct.unpack_from(f"<{k}I", body, 4)
+    if pos + sum(lengths) != len(body):
+        raise CorruptRecordError(0, "batch lengths do not add up to its body")
+    out = []
     for n in lengths:
         out.append(body[pos : pos + n])
         pos += n
@@ -275,9 +281,11 @@ def _allocate(fd: int, size: int) -> None:
 
 
 class ChunkWriter:
-    """Appends framed records to one chunk file through a writable mmap.
+    """Appends frames to one chunk file through a writable mmap.
 
-    Single-threaded: the queue's write lock serialises callers.
+    Single-threaded: the queue's write lock serialises callers.  `map`,
+    `end`, `allocated` and `count` are public because `DiskQueue.put` inlines
+    the single-message append (the hottest path in the broker).
     """
 
     def __init__(self, path: str, number: int, capacity: int, *, create: bool,
@@ -287,19 +295,20 @@ class ChunkWriter:
         self.capacity = capacity
         self.count = count
         self.end = end
+        self.base = number << 48  # position of offset 0 (see make_position)
         self._synced_to = end
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
         self._fd = os.open(path, flags, 0o644)
         try:
             if create:
-                self._allocated = min(capacity, INITIAL_ALLOCATION)
-                _allocate(self._fd, self._allocated)
+                self.allocated = min(capacity, INITIAL_ALLOCATION)
+                _allocate(self._fd, self.allocated)
                 header = ChunkHeader(number, time.time_ns(), sealed=False, count=0)
                 os.pwrite(self._fd, header.pack(), 0)
             else:
-                self._allocated = max(os.fstat(self._fd).st_size, end, HEADER_SIZE)
-                _allocate(self._fd, self._allocated)
-            self._map = mmap.mmap(self._fd, self._allocated)
+                self.allocated = max(os.fstat(self._fd).st_size, end, HEADER_SIZE)
+                _allocate(self._fd, self.allocated)
+            self.map = mmap.mmap(self._fd, self.allocated)
         except BaseException:
             os.close(self._fd)
             if create:
@@ -310,23 +319,23 @@ class ChunkWriter:
         """Whether `nbytes` more fit before the chunk reaches its capacity."""
         return self.end + nbytes <= self.capacity
 
-    def _ensure(self, needed_end: int) -> None:
-        if needed_end <= self._allocated:
+    def ensure(self, needed_end: int) -> None:
+        if needed_end <= self.allocated:
             return
-        size = min(self.capacity, max(self._allocated * 2, INITIAL_ALLOCATION))
+        size = min(self.capacity, max(self.allocated * 2, INITIAL_ALLOCATION))
         size = max(size, needed_end)  # an oversized record gets a chunk of its own size
         _allocate(self._fd, size)
-        self._map.resize(size)
-        self._allocated = size
+        self.map.resize(size)
+        self.allocated = size
 
     def append(self, payload: bytes) -> int:
         """Write one message in a frame of its own; returns the frame offset."""
         n = len(payload)
         offset = self.end
         end = offset + n + RECORD_OVERHEAD
-        if end > self._allocated:
-            self._ensure(end)
-        m = self._map
+        if end > self.allocated:
+            self.ensure(end)
+        m = self.map
         RECORD_HEAD.pack_into(m, offset, n, zlib.crc32(payload, n ^ CRC_SEED))
         m[offset + 8 : end - 4] = payload
         RECORD_TAIL.pack_into(m, end - 4, n)
@@ -338,10 +347,10 @@ class ChunkWriter:
         """Write a batch body (see `batch_body`) of `count` messages as one frame."""
         offset = self.end
         end = offset + len(body) + RECORD_OVERHEAD
-        if end > self._allocated:
-            self._ensure(end)
+        if end > self.allocated:
+            self.ensure(end)
         field = len(body) | BATCH_FLAG
-        m = self._map
+        m = self.map
         RECORD_HEAD.pack_into(m, offset, field, zlib.crc32(body, field ^ CRC_SEED))
         m[offset + 8 : end - 4] = body
         RECORD_TAIL.pack_into(m, end - 4, field)
@@ -357,22 +366,22 @@ class ChunkWriter:
         """
         start = self._synced_to & ~(mmap.PAGESIZE - 1)
         if self.end > self._synced_to:
-            self._map.flush(start, self.end - start)
+            self.map.flush(start, self.end - start)
             self._synced_to = self.end
 
     def seal(self) -> None:
         """Record the count in the header, trim the file to its data, fsync, and close."""
-        header = ChunkHeader.unpack(self._map[:HEADER_SIZE])
+        header = ChunkHeader.unpack(self.map[:HEADER_SIZE])
         created = header.created_ns if header else time.time_ns()
-        self._map[:HEADER_SIZE] = ChunkHeader(self.number, created, True, self.count).pack()
+        self.map[:HEADER_SIZE] = ChunkHeader(self.number, created, True, self.count).pack()
         self.flush()
-        self._map.flush(0, min(mmap.PAGESIZE, len(self._map)))
+        self.map.flush(0, min(mmap.PAGESIZE, len(self.map)))
         self.close(truncate=True)
 
     def close(self, *, truncate: bool = False) -> None:
         if self._fd < 0:
             return
-        self._map.close()
+        self.map.close()
         if truncate:
             os.ftruncate(self._fd, self.end)
             os.fsync(self._fd)
@@ -381,7 +390,7 @@ class ChunkWriter:
 
     def zero_from(self, offset: int) -> None:
         """Erase everything from `offset` on (a torn tail found by recovery)."""
-        self._map[offset : self._allocated] = bytes(self._allocated - offset)
+        self.map[offset : self.allocated] = bytes(self.allocated - offset)
 
 
 def seal_file(path: str, number: int, count: int, end: int) -> None:

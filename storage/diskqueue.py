@@ -54,7 +54,11 @@ from typing import Any
 from storage.cache import ChunkCache, FileView, MapView, MemoryProbe, machine_memory_percent
 from storage.chunk import (
     BATCH_FLAG,
+    CRC_SEED,
+    RECORD_HEAD,
+    RECORD_TAIL,
     HEADER_SIZE,
+    LENGTH_MASK,
     MAX_BATCH,
     RECORD_OVERHEAD,
     ChunkHeader,
@@ -84,6 +88,9 @@ READ_AHEAD = 512
 #: The ack journal is rewritten once it holds this many entries (or 4x the live ones).
 JOURNAL_COMPACT_MIN = 65536
 META_VERSION = 2
+_pack_head = RECORD_HEAD.pack
+_pack_tail = RECORD_TAIL.pack
+_crc32 = zlib.crc32
 
 
 def _split_frames(messages: list[bytes]) -> list[tuple[list[bytes], list[int]]]:
@@ -175,7 +182,8 @@ class DiskQueue:
         self._ahead: deque[tuple[int, bytes]] = deque()  # decoded, not yet consumed
         self._unsynced = 0
         self._sync_scheduled = False
-        self._c = dict.fromkeys(("bytes_written", "bytes_read", "ring_hits", "corruptions",
+        self._bytes_written = 0
+        self._c = dict.fromkeys(("bytes_read", "ring_hits", "corruptions",
                                  "torn_tails", "syncs", "bad_files", "acks",
                                  "lost_to_corruption"), 0)
         # ack mode
@@ -336,18 +344,38 @@ class DiskQueue:
             w = self._writer
             if w is None:
                 raise QueueClosedError(f"queue {self.name} is closed")
-            if w.count and not w.room_for(n + RECORD_OVERHEAD):
-                w = self._rotate()
-            off = w.append(data)
+            off = w.end
+            end = off + n + RECORD_OVERHEAD
+            if end > w.allocated:
+                w = self._make_room(n + RECORD_OVERHEAD)
+                off = w.end
+                end = off + n + RECORD_OVERHEAD
+            # ChunkWriter.append, inlined: one copy of the framed message into the mapping.
+            w.map[off:end] = _pack_head(n, _crc32(data, n ^ CRC_SEED)) + data + _pack_tail(n)
+            w.end = end
+            w.count += 1
             seq = self._written
             if n <= RING_MAX_FRAME:
-                self._ring[seq % self._ring_size] = (seq, make_position(w.number, off), data,
-                                                     w.end)
+                self._ring[seq % self._ring_size] = (seq, w.base | off << 16, data, end)
             self._written = seq + 1
-            self._c["bytes_written"] += n
-            self._after_write(1)
+            self._bytes_written += n
+            self._unsynced += 1
+            if self._unsynced >= self._sync_every:
+                self._sync_locked()
+            elif not self._sync_scheduled:
+                self._sync_scheduled = True
+                self._syncer.schedule(self, self._sync_timeout)
         if self._waiting:
             self._wake()
+
+    def _make_room(self, framed: int) -> ChunkWriter:
+        """Rotate, or grow the file, so `framed` more bytes fit (write lock held)."""
+        w = self._writer
+        assert w is not None
+        if w.count and not w.room_for(framed):
+            w = self._rotate()
+        w.ensure(w.end + framed)
+        return w
 
     def put_many(self, messages: Iterable[bytes]) -> None:
         """Append a batch: validated all-or-nothing, then copied into the file in one go.
@@ -372,7 +400,7 @@ class DiskQueue:
                 raise QueueClosedError(f"queue {self.name} is closed")
             for group in frames:
                 self._put_frame(group)
-            self._c["bytes_written"] += total
+            self._bytes_written += total
             self._after_write(len(messages))
         if self._waiting:
             self._wake()
@@ -380,15 +408,11 @@ class DiskQueue:
     def _put_frame(self, group: tuple[list[bytes], list[int]]) -> None:
         messages, lengths = group
         body = batch_body(messages, lengths)
-        w = self._writer
-        assert w is not None
-        if w.count and not w.room_for(len(body) + RECORD_OVERHEAD):
-            w = self._rotate()
+        w = self._make_room(len(body) + RECORD_OVERHEAD)
         off = w.append_batch(body, len(messages))
         seq = self._written
         if len(body) <= RING_MAX_FRAME:
-            self._ring[seq % self._ring_size] = (seq, make_position(w.number, off), messages,
-                                                 w.end)
+            self._ring[seq % self._ring_size] = (seq, w.base | off << 16, messages, w.end)
         self._written = seq + len(messages)
 
     def _after_write(self, count: int) -> None:
@@ -546,39 +570,67 @@ class DiskQueue:
             self._cache.touch(self._rchunk)
             self._c["bytes_read"] += nxt - (pos >> 16 & 0xFFFFFFFF) - RECORD_OVERHEAD
             return True
+        # Read `_written` before looking for the seal: the writer seals a chunk before it
+        # counts any message of the next one, so everything below `written` is in this
+        # chunk if it was still unsealed after that.
+        written = self._written
         sealed = self._counts.get(self._rchunk)
         if sealed is not None and self._rdecoded >= sealed:
             self._enter_chunk(self._next_chunk(self._rchunk))
             return True
         view = self._view_for_read(sealed)
-        budget = min(self._written - seq, READ_AHEAD)
-        chunk, off, got = self._rchunk, self._roff, 0
+        budget = min(written - seq, READ_AHEAD)
+        if sealed is not None:
+            budget = min(budget, sealed - self._rdecoded)
+        start = off = self._roff
+        got = 0
         ahead = self._ahead
+        append = ahead.append
+        cbase = self._rchunk << 48
+        unpack_head, unpack_tail, crc32 = RECORD_HEAD.unpack_from, RECORD_TAIL.unpack_from, _crc32
         try:
-            while got < budget and (sealed is None or self._rdecoded + got < sealed):
-                field, body, nxt = view.record_at(off)
-                base = make_position(chunk, off)
+            buf, base = view.window(off, RECORD_OVERHEAD)
+            blen = len(buf)
+            while got < budget:
+                rel = off - base
+                if rel + RECORD_OVERHEAD > blen:
+                    buf, base = view.window(off, RECORD_OVERHEAD)
+                    blen, rel = len(buf), off - base
+                    if rel + RECORD_OVERHEAD > blen:
+                        raise CorruptRecordError(off, "truncated frame header")
+                field, crc = unpack_head(buf, rel)
+                end = rel + 8 + (field & LENGTH_MASK)
+                if end + 4 > blen:
+                    buf, base = view.window(off, (field & LENGTH_MASK) + RECORD_OVERHEAD)
+                    blen, rel = len(buf), off - base
+                    end = rel + 8 + (field & LENGTH_MASK)
+                    if end + 4 > blen:
+                        raise CorruptRecordError(off, "frame length runs past the data")
+                body = buf[rel + 8 : end]
+                if crc32(body, field ^ CRC_SEED) != crc or unpack_tail(buf, end)[0] != field:
+                    raise CorruptRecordError(off, "crc or trailing length mismatch")
+                pos = cbase | off << 16
                 if field & BATCH_FLAG:
                     msgs = split_batch(body)
                     if self._rskip:
-                        msgs, base = msgs[self._rskip :], base + self._rskip
+                        msgs, pos = msgs[self._rskip :], pos + self._rskip
                         self._rskip = 0
-                    ahead.extend(zip(range(base, base + len(msgs)), msgs, strict=True))
+                    ahead.extend(zip(range(pos, pos + len(msgs)), msgs, strict=True))
                     got += len(msgs)
                 elif self._rskip:  # resuming just after this message
                     self._rskip = 0
                 else:
-                    ahead.append((base, body))
+                    append((pos, body))
                     got += 1
-                off = nxt
+                off = base + end + 4
         except CorruptRecordError as e:
             self._decoded += got
             self._rdecoded += got
             self._roff = off
             self._corrupt_chunk(e)
             return True
-        self._cache.touch(chunk)
-        self._c["bytes_read"] += off - self._roff - RECORD_OVERHEAD * got
+        self._cache.touch(self._rchunk)
+        self._c["bytes_read"] += off - start
         self._roff = off
         self._decoded += got
         self._rdecoded += got
@@ -838,6 +890,7 @@ class DiskQueue:
             "cache": {"hits": cs.hits, "misses": cs.misses, "admitted": cs.admitted,
                       "rejected": cs.rejected, "evicted": cs.evicted,
                       "cached_chunks": sorted(cached), "cached_bytes": self._cache.cached_bytes()},
+            "bytes_written": self._bytes_written,
             **self._c,
         }
 

@@ -1,0 +1,49 @@
+"""Options of the actor runtime: one frozen dataclass with documented defaults."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+__all__ = ["EXIT_ESCALATED", "RuntimeOptions"]
+
+EXIT_ESCALATED = 75
+"""Exit code of a node whose actor exceeded the restart intensity (node restart wanted)."""
+
+
+def _cpu_count() -> int:
+    return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """Knobs of the process pool, mailboxes and supervision."""
+
+    workers: int = field(default_factory=_cpu_count)
+    """Number of worker processes (topics, channels, diskqueues live there)."""
+    mailbox_size: int = 10_000
+    """Bound of each actor's inbox, in messages (a batch may overshoot it once)."""
+    hwm: int = 1_000
+    """ZeroMQ SNDHWM/RCVHWM in envelopes, per sending thread and per node inbox."""
+    send_timeout: float = 5.0
+    """Seconds a sender waits on a full mailbox before ``MailboxFull`` is raised."""
+    ask_timeout: float = 5.0
+    """Default seconds ``ask`` waits for a reply before ``AskTimeout``."""
+    max_restarts: int = 5
+    """Restart intensity: at most this many actor restarts ..."""
+    restart_window: float = 10.0
+    """... within this many seconds; one more restarts the whole node."""
+    shutdown_timeout: float = 10.0
+    """Seconds an orderly shutdown may take before stragglers are killed."""
+    debug_hooks: bool = False
+    """Enable debug-only operations such as ``crash NAME`` (chaos tests)."""
+    start_timeout: float = 30.0
+    """Seconds ``start()`` waits for every node to answer a ping."""
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            msg = f"workers must be >= 1, got {self.workers}"
+            raise ValueError(msg)
+        if self.mailbox_size < 1 or self.hwm < 1:
+            msg = "mailbox_size and hwm must be >= 1"
+            raise ValueError(msg)

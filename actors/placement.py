@@ -1,0 +1,82 @@
+"""Actor names and placement: which process hosts which actor (pure, no I/O).
+
+Theory of operation
+-------------------
+An actor is addressed by a stable name ``kind:key``: ``topic:orders``,
+``channel:orders/archive``, ``diskqueue:orders/archive``, ``client:42``.
+Nodes are named ``gateway`` and ``worker-0`` .. ``worker-{N-1}``.
+
+* ``client:*`` lives on the gateway (it owns the client sockets).
+* Names whose kind is *topic-keyed* (``topic``, ``channel``, ``diskqueue`` by
+  default) are placed by the topic, the part of the key before the first
+  ``/``: ``worker-{crc32(topic) % N}``.  A topic, its channels and their disk
+  queues are therefore co-located and talk through in-process inboxes.
+* Any other name is placed by ``crc32(name) % N``.
+
+CRC-32 (not Python's salted ``hash``) keeps the answer identical in every
+process and across restarts.  The worker count is fixed for the lifetime of a
+runtime; changing it moves actors (their state lives in storage keyed by
+name, so this is a restart-time decision).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable
+
+__all__ = ["GATEWAY", "TOPIC_KINDS", "Placement", "split_name", "worker_name"]
+
+GATEWAY = "gateway"
+"""Node name of the gateway process."""
+
+TOPIC_KINDS = frozenset({"topic", "channel", "diskqueue"})
+"""Name kinds whose key starts with a topic name."""
+
+
+def worker_name(index: int) -> str:
+    """Node name of worker ``index``."""
+    return f"worker-{index}"
+
+
+def split_name(name: str) -> tuple[str, str]:
+    """Split ``kind:key`` into ``(kind, key)``; a name without ``:`` has kind ''."""
+    kind, sep, key = name.partition(":")
+    return (kind, key) if sep else ("", name)
+
+
+class Placement:
+    """Maps actor names to node names for a fixed number of workers."""
+
+    def __init__(self, workers: int, topic_kinds: Iterable[str] = TOPIC_KINDS) -> None:
+        if workers < 1:
+            msg = f"workers must be >= 1, got {workers}"
+            raise ValueError(msg)
+        self.workers = workers
+        self.topic_kinds = frozenset(topic_kinds)
+        self._nodes = tuple(worker_name(i) for i in range(workers))
+        self._cache: dict[str, str] = {}
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """All node names: the gateway first, then the workers."""
+        return (GATEWAY, *self._nodes)
+
+    def shard_key(self, name: str) -> str:
+        """The string hashed to place ``name`` (the topic for topic-keyed kinds)."""
+        kind, key = split_name(name)
+        if kind in self.topic_kinds:
+            return key.partition("/")[0]
+        return name
+
+    def node_for(self, name: str) -> str:
+        """Return the node that hosts actor ``name``."""
+        node = self._cache.get(name)
+        if node is None:
+            if split_name(name)[0] == "client":
+                node = GATEWAY
+            else:
+                digest = zlib.crc32(self.shard_key(name).encode())
+                node = self._nodes[digest % self.workers]
+            if len(self._cache) < 100_000:
+                self._cache[name] = node
+        return node
