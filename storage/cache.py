@@ -63,7 +63,7 @@ class MapView:
         self._map = mmap.mmap(self._fd, size, access=mmap.ACCESS_READ) if size else None
 
     def window(self, offset: int, need: int) -> tuple[mmap.mmap | bytes, int]:
-        """`(buffer, file offset of buffer[0])` holding `need` bytes at `offset` if the file does."""
+        """`(buffer, offset of buffer[0])`, with `need` bytes at `offset` if the file has them."""
         if offset + need > self.size:
             self.refresh()  # the live chunk grew since we mapped it
         return (self._map if self._map is not None else b""), 0

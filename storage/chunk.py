@@ -14,8 +14,10 @@ set -- a batch written by one `put_many`::
 
     batch body = count u32 | count x length u32 | payloads, back to back
 
-The frame CRC is `crc32(body, length ^ CRC_SEED)`, so it covers the length
-too and a run of zero bytes (unwritten space) never checks out as a frame.
+The frame CRC is CRC-32C (Castagnoli, hardware-accelerated by the `crc32c`
+package: 2-8x faster than zlib's CRC-32 here) of the body, seeded with
+`length ^ CRC_SEED`, so it covers the length too and a run of zero bytes
+(unwritten space) never checks out as a frame.
 One CRC per batch costs a fifth of one per message, which is what lets a
 batch of small messages be framed at over a million messages per second in
 Python.  The trailing length lets a reader check a frame's end.
@@ -42,9 +44,10 @@ import mmap
 import os
 import struct
 import time
-import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+
+from crc32c import crc32c as crc32
 
 from storage.errors import DiskFullError, StorageError
 
@@ -67,6 +70,8 @@ MAX_BATCH = (1 << 16) - 1
 #: Initial allocation of a new chunk file; it doubles as frames arrive, up
 #: to the configured chunk size.  Keeps thousands of idle queues cheap on disk.
 INITIAL_ALLOCATION = 64 * 1024
+#: Batch frames at least this large are written with pwritev instead of the mmap.
+PWRITE_THRESHOLD = 32 * 1024
 
 
 def make_position(chunk_no: int, frame_offset: int, index: int = 0) -> int:
@@ -80,7 +85,7 @@ def split_position(position: int) -> tuple[int, int, int]:
 
 
 def record_crc(body: bytes | memoryview, length_field: int) -> int:
-    return zlib.crc32(body, length_field ^ CRC_SEED)
+    return crc32(body, length_field ^ CRC_SEED)
 
 
 def frame(payload: bytes) -> bytes:
@@ -147,7 +152,7 @@ class ChunkHeader:
     def pack(self) -> bytes:
         flags = FLAG_SEALED if self.sealed else 0
         body = HEADER.pack(MAGIC, VERSION, flags, self.number, self.created_ns, self.count, 0)
-        crc = zlib.crc32(body[: HEADER_SIZE - 4])
+        crc = crc32(body[: HEADER_SIZE - 4])
         return body[: HEADER_SIZE - 4] + struct.pack("<I", crc)
 
     @classmethod
@@ -158,7 +163,7 @@ class ChunkHeader:
         magic, version, flags, number, created, count, crc = HEADER.unpack_from(raw, 0)
         if magic != MAGIC or version != VERSION:
             return None
-        if zlib.crc32(bytes(raw[: HEADER_SIZE - 4])) != crc:
+        if crc32(bytes(raw[: HEADER_SIZE - 4])) != crc:
             return None
         return cls(number, created, bool(flags & FLAG_SEALED), count)
 
@@ -177,7 +182,7 @@ def read_record(buf: bytes | mmap.mmap, offset: int, limit: int) -> tuple[int, b
     if end + 4 > limit:
         raise CorruptRecordError(offset, f"length {field & LENGTH_MASK} runs past the data")
     body = buf[start:end]
-    if zlib.crc32(body, field ^ CRC_SEED) != crc:
+    if crc32(body, field ^ CRC_SEED) != crc:
         raise CorruptRecordError(offset, "crc mismatch")
     if RECORD_TAIL.unpack_from(buf, end)[0] != field:
         raise CorruptRecordError(offset, "trailing length mismatch")
@@ -336,7 +341,7 @@ class ChunkWriter:
         if end > self.allocated:
             self.ensure(end)
         m = self.map
-        RECORD_HEAD.pack_into(m, offset, n, zlib.crc32(payload, n ^ CRC_SEED))
+        RECORD_HEAD.pack_into(m, offset, n, crc32(payload, n ^ CRC_SEED))
         m[offset + 8 : end - 4] = payload
         RECORD_TAIL.pack_into(m, end - 4, n)
         self.end = end
@@ -350,10 +355,16 @@ class ChunkWriter:
         if end > self.allocated:
             self.ensure(end)
         field = len(body) | BATCH_FLAG
-        m = self.map
-        RECORD_HEAD.pack_into(m, offset, field, zlib.crc32(body, field ^ CRC_SEED))
-        m[offset + 8 : end - 4] = body
-        RECORD_TAIL.pack_into(m, end - 4, field)
+        head = RECORD_HEAD.pack(field, crc32(body, field ^ CRC_SEED))
+        if len(body) >= PWRITE_THRESHOLD:
+            # Large copies go faster through the kernel than through page faults on the
+            # mapping; the page cache is shared, so the mapping sees the bytes at once.
+            os.pwritev(self._fd, (head, body, RECORD_TAIL.pack(field)), offset)
+        else:
+            m = self.map
+            m[offset : offset + 8] = head
+            m[offset + 8 : end - 4] = body
+            RECORD_TAIL.pack_into(m, end - 4, field)
         self.end = end
         self.count += count
         return offset

@@ -46,21 +46,22 @@ import shutil
 import struct
 import threading
 import time
-import zlib
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
+
+from crc32c import crc32c as crc32
 
 from storage.cache import ChunkCache, FileView, MapView, MemoryProbe, machine_memory_percent
 from storage.chunk import (
     BATCH_FLAG,
     CRC_SEED,
-    RECORD_HEAD,
-    RECORD_TAIL,
     HEADER_SIZE,
     LENGTH_MASK,
     MAX_BATCH,
+    RECORD_HEAD,
     RECORD_OVERHEAD,
+    RECORD_TAIL,
     ChunkHeader,
     ChunkWriter,
     CorruptRecordError,
@@ -90,7 +91,7 @@ JOURNAL_COMPACT_MIN = 65536
 META_VERSION = 2
 _pack_head = RECORD_HEAD.pack
 _pack_tail = RECORD_TAIL.pack
-_crc32 = zlib.crc32
+_crc32 = crc32
 
 
 def _split_frames(messages: list[bytes]) -> list[tuple[list[bytes], list[int]]]:
@@ -113,7 +114,7 @@ def _split_frames(messages: list[bytes]) -> list[tuple[list[bytes], list[int]]]:
 
 def _ack_entry(position: int) -> bytes:
     raw = position.to_bytes(8, "little")
-    return raw + zlib.crc32(raw).to_bytes(4, "little")
+    return raw + crc32(raw).to_bytes(4, "little")
 
 
 class DiskQueue:
@@ -317,7 +318,7 @@ class DiskQueue:
             good = 0
             for off in range(0, len(raw) - len(raw) % 12, 12):
                 pos, crc = _ACK_ENTRY.unpack_from(raw, off)
-                if zlib.crc32(raw[off : off + 8]) != crc:
+                if crc32(raw[off : off + 8]) != crc:
                     log.warning("queue %s: ack journal damaged at entry %d; later acks are "
                                 "ignored (those messages will be delivered again)",
                                 self.name, off // 12)
