@@ -77,6 +77,11 @@ class NodeSpec:
     """Actor factories by name prefix (``kind`` of ``kind:key``); ``*`` matches any."""
     log_level: int = logging.WARNING
     """Logging level of the child process."""
+    boot: Callable[[str, Placement], list[str]] | None = None
+    """Called as ``boot(node, placement)`` when the node starts (and after every
+    restart): the names it returns are created at once.  The broker uses it to
+    bring back the topics and scanner that live on this node from its data
+    directory, which survives the supervisor too."""
 
 
 class Node:
@@ -90,9 +95,24 @@ class Node:
         self._lock = threading.Lock()  # taken only to create slots, never per message
         self._stopping = False
         self._escalate = escalate or _exit_escalated
-        placement = Placement(spec.options.workers)
-        self.endpoint = Endpoint(spec.node, spec.run_dir, placement, spec.options, host=self)
+        self.placement = Placement(spec.options.workers)
+        self.endpoint = Endpoint(spec.node, spec.run_dir, self.placement, spec.options, host=self)
         bind_endpoint(self.endpoint)
+
+    def boot(self) -> None:
+        """Create the actors named by the spec's boot hook (logged, never fatal)."""
+        if self.spec.boot is None:
+            return
+        try:
+            names = self.spec.boot(self.spec.node, self.placement)
+        except Exception:
+            logger.exception("%s: boot hook failed", self.spec.node)
+            return
+        for name in names:
+            try:
+                self._slots.get(name) or self._create(name)
+            except Exception:
+                logger.exception("%s: could not create %s at boot", self.spec.node, name)
 
     # -- Host -------------------------------------------------------------------
 
@@ -163,15 +183,25 @@ class Node:
     def shutdown(self, deadline: float) -> bool:
         """Stop intake, stop every actor after its queued messages, wait until ``deadline``.
 
-        Returns True if every actor thread finished in time.
+        Kinds listed in ``options.stop_order`` stop first, one kind at a time;
+        the rest stop together at the end.  Returns True if every actor
+        thread finished in time.
         """
         with self._lock:
             self._stopping = True
             slots = list(self._slots.values())
         self.endpoint.close_intake()
+        order = {kind: i for i, kind in enumerate(self.options.stop_order)}
+        phases: dict[int, list[ActorSlot]] = {}
         for slot in slots:
-            slot.request_stop()
-        clean = all(slot.join(max(0.0, deadline - time.monotonic())) for slot in slots)
+            phases.setdefault(order.get(split_name(slot.name)[0], len(order)), []).append(slot)
+        clean = True
+        for phase in sorted(phases):
+            group = phases[phase]
+            for slot in group:
+                slot.request_stop()
+            for slot in group:  # join every one, even after a straggler
+                clean = slot.join(max(0.0, deadline - time.monotonic())) and clean
         if not clean:
             late = [s.name for s in slots if s.alive]
             logger.warning("%s: actors still running at the deadline: %s", self.spec.node, late)
@@ -195,6 +225,7 @@ def node_main(spec: NodeSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda _sig, _frame: stop.set())
     node = Node(spec)
+    node.boot()
     gc.freeze()  # objects of the startup phase are never garbage: stop rescanning them
     gc.set_threshold(*_GC_THRESHOLDS)
     while not stop.wait(0.5):

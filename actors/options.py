@@ -39,6 +39,11 @@ class RuntimeOptions:
     """Enable debug-only operations such as ``crash NAME`` (chaos tests)."""
     start_timeout: float = 30.0
     """Seconds ``start()`` waits for every node to answer a ping."""
+    stop_order: tuple[str, ...] = ()
+    """Name kinds stopped first, in this order, at an orderly shutdown; each kind's
+    actors finish before the next kind is asked to stop, and kinds not listed stop
+    last, together.  The broker stops clients, then topics, then channels, so
+    each one can still hand its memory to the disk-queue actors below it."""
 
     def __post_init__(self) -> None:
         if self.workers < 1:

@@ -7,6 +7,8 @@ An actor is addressed by a stable name ``kind:key``: ``topic:orders``,
 Nodes are named ``gateway`` and ``worker-0`` .. ``worker-{N-1}``.
 
 * ``client:*`` lives on the gateway (it owns the client sockets).
+* Names whose kind is *pinned* (``scanner`` by default) carry a worker index
+  as key: ``scanner:1`` lives on ``worker-1`` (one per worker).
 * Names whose kind is *topic-keyed* (``topic``, ``channel``, ``diskqueue`` by
   default) are placed by the topic, the part of the key before the first
   ``/``: ``worker-{crc32(topic) % N}``.  A topic, its channels and their disk
@@ -24,13 +26,16 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterable
 
-__all__ = ["GATEWAY", "TOPIC_KINDS", "Placement", "split_name", "worker_name"]
+__all__ = ["GATEWAY", "PINNED_KINDS", "TOPIC_KINDS", "Placement", "split_name", "worker_name"]
 
 GATEWAY = "gateway"
 """Node name of the gateway process."""
 
 TOPIC_KINDS = frozenset({"topic", "channel", "diskqueue"})
 """Name kinds whose key starts with a topic name."""
+
+PINNED_KINDS = frozenset({"scanner"})
+"""Name kinds whose key is a worker index (one such actor per worker)."""
 
 
 def worker_name(index: int) -> str:
@@ -72,8 +77,11 @@ class Placement:
         """Return the node that hosts actor ``name``."""
         node = self._cache.get(name)
         if node is None:
-            if split_name(name)[0] == "client":
+            kind, key = split_name(name)
+            if kind == "client":
                 node = GATEWAY
+            elif kind in PINNED_KINDS and key.isdigit():
+                node = self._nodes[int(key) % self.workers]
             else:
                 digest = zlib.crc32(self.shard_key(name).encode())
                 node = self._nodes[digest % self.workers]

@@ -83,8 +83,10 @@ class Supervisor:
     ``factories`` maps a name prefix (``kind`` of ``kind:key``, or ``"*"``) to
     a callable ``factory(name) -> actors.Actor``.  They are pickled into the
     spawned nodes, so they must be module-level classes or functions (or
-    ``functools.partial`` of them).  ``overrides`` replace fields of
-    ``options`` (``Supervisor(d, f, workers=2, debug_hooks=True)``).
+    ``functools.partial`` of them).  ``boot``, if given, is called in every
+    node at start and after every restart (see ``NodeSpec.boot``); it is
+    pickled too.  ``overrides`` replace fields of ``options``
+    (``Supervisor(d, f, workers=2, debug_hooks=True)``).
     """
 
     def __init__(
@@ -94,9 +96,11 @@ class Supervisor:
         options: RuntimeOptions | None = None,
         *,
         log_level: int = logging.WARNING,
+        boot: Callable[[str, Placement], list[str]] | None = None,
         **overrides: Any,
     ) -> None:
         self.run_dir = os.fspath(run_dir)
+        self._boot = boot
         self.options = replace(options or RuntimeOptions(), **overrides)
         self.placement = Placement(self.options.workers)
         self._factories = dict(factories or {})
@@ -168,7 +172,8 @@ class Supervisor:
         self.stop()
 
     def _start_child(self, child: _Child) -> None:
-        spec = NodeSpec(child.node, self.run_dir, self.options, self._factories, self._log_level)
+        spec = NodeSpec(child.node, self.run_dir, self.options, self._factories, self._log_level,
+                        self._boot)
         process = self._mp.Process(target=node_main, args=(spec,), name=child.node, daemon=True)
         process.start()
         child.process = process

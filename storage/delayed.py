@@ -438,6 +438,43 @@ class DelayedStore:
             self._stats["pops"] += len(out)
             return out
 
+    def entries(self) -> list[tuple[int, bytes, bytes]]:
+        """Every entry, ordered by ``(due_time, message_id)``, without removing any.
+
+        What an owner reloads at start to rebuild its in-memory timers; corrupt
+        entries are skipped (and counted) as in ``pop_due``.
+        """
+        with self._lock:
+            conn = self._db()
+            try:
+                rows = conn.execute(
+                    "SELECT due, id, payload, crc FROM delayed ORDER BY due, id").fetchall()
+            except sqlite3.Error as exc:
+                raise self._fail(conn, "entries", exc) from exc
+            out = [(r[0], r[1], r[2]) for r in rows if _row_is_sound(r)]
+            if len(out) != len(rows):
+                self._report_corrupt_rows(rows)
+            return out
+
+    def remove_many(self, message_ids: Iterable[bytes]) -> int:
+        """Remove several entries in one transaction; returns how many existed."""
+        ids = [(bytes(i),) for i in message_ids]
+        if not ids:
+            return 0
+        with self._lock:
+            conn = self._db()
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                before = conn.total_changes
+                conn.executemany("DELETE FROM delayed WHERE id = ?", ids)
+                removed = conn.total_changes - before
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                raise self._fail(conn, "remove_many", exc) from exc
+            self._count -= removed
+            self._stats["removes"] += removed
+            return removed
+
     def _report_corrupt_rows(self, rows: list[tuple[int, bytes, bytes, int]]) -> None:
         for r in rows:
             if not _row_is_sound(r):

@@ -26,8 +26,15 @@ def test_topic_channel_and_diskqueue_of_one_topic_share_a_worker() -> None:
 
 def test_other_names_are_placed_by_the_whole_name() -> None:
     placement = Placement(workers=5)
-    for name in ("scanner:1", "lookup", "misc:orders/archive"):
+    for name in ("stats:1", "lookup", "misc:orders/archive"):
         assert placement.node_for(name) == worker_name(zlib.crc32(name.encode()) % 5)
+
+
+def test_pinned_kinds_name_their_worker_by_index() -> None:
+    placement = Placement(workers=3)
+    assert [placement.node_for(f"scanner:{i}") for i in range(4)] == [
+        "worker-0", "worker-1", "worker-2", "worker-0"]
+    assert placement.node_for("scanner:x") == worker_name(zlib.crc32(b"scanner:x") % 3)
 
 
 def test_placement_is_identical_across_instances() -> None:

@@ -1,0 +1,342 @@
+"""The pure state machine of a channel: queueing, RDY, in-flight, deferred, requeue.
+
+Theory of operation
+-------------------
+A channel holds NSQ-encoded messages (``actors.nsq_message``) and hands each one
+to one of its subscribed clients.  It keeps:
+
+* ``ready``: messages waiting for a client, oldest first.  Each carries a
+  *handle* saying where the message is durable: ``None`` (memory only),
+  a disk-queue position (``int >= 0``: the channel's disk queue runs in
+  ack-position mode, so the message stays on disk until it is finished) or
+  ``DELAYED`` (kept in the channel's persistent delayed store by id).
+* ``disk_depth``: messages in the disk queue not yet read into ``ready``;
+  reads are asked for in batches when ``ready`` runs dry.
+* ``in_flight``: delivered and not yet finished, by message id, with the
+  client and a deadline (``now + the client's msg timeout``).
+* ``deferred``: messages due later (DPUB, REQ with a delay), by id.
+* ``clients``: subscribed clients, each with its RDY count and in-flight
+  count; a client is *ready* while ``in_flight < rdy``.
+
+Nothing here does I/O, reads a clock or logs.  Methods take ``now`` (wall
+clock nanoseconds: deferred due times are persisted) and record what the
+actor must do in :class:`Effects`: messages to deliver per client, to write
+to disk, positions to ack, entries for the delayed store, disk reads to
+request, messages for the dead-letter topic.  The actor applies the effects
+in order (a delayed-store add is always applied before the ack that releases
+the same message from the disk queue, so a crash between them duplicates
+rather than loses).
+
+Delivery (``pump``) picks a random ready client for every message -- nsqd's
+load balancing inside a channel -- and increments the message's attempts.
+A message that was already delivered ``max_attempts`` times goes to the
+dead-letter topic instead of being delivered again.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+from actors.nsq_message import attempts_of, message_id, with_attempts
+from actors.nsq_errors import BrokerError, fin_failed, invalid, req_failed, touch_failed
+from actors.pqueue import DeferredQueue, InFlightQueue
+
+DELAYED = -1
+"""Handle of a message kept in the persistent delayed store (by message id)."""
+
+Handle = int | None
+
+
+@dataclass
+class ClientState:
+    """One subscribed client, as the channel sees it."""
+
+    name: str
+    msg_timeout_ns: int
+    rdy: int = 0
+    in_flight: int = 0
+    delivered: int = 0
+    finished: int = 0
+    requeued: int = 0
+    timed_out: int = 0
+
+    @property
+    def ready(self) -> bool:
+        return self.in_flight < self.rdy
+
+
+@dataclass
+class InFlight:
+    """A delivered message: its bytes (attempts included), durability handle, client."""
+
+    encoded: bytes
+    handle: Handle
+    client: str
+
+
+@dataclass
+class Effects:
+    """What the channel actor must do after a state change, in this order."""
+
+    deliveries: dict[str, list[bytes]] = field(default_factory=dict)
+    disk_put: list[bytes] = field(default_factory=list)
+    delayed_add: list[tuple[int, bytes, bytes]] = field(default_factory=list)  # due, id, msg
+    disk_ack: list[int] = field(default_factory=list)
+    delayed_remove: list[bytes] = field(default_factory=list)
+    disk_read: int = 0
+    dead_letters: list[bytes] = field(default_factory=list)
+    dropped: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.deliveries or self.disk_put or self.delayed_add or self.disk_ack
+                    or self.delayed_remove or self.disk_read or self.dead_letters)
+
+
+@dataclass
+class ChannelStats:
+    message_count: int = 0
+    requeue_count: int = 0
+    timeout_count: int = 0
+    dead_letter_count: int = 0
+    dropped_count: int = 0
+
+
+class ChannelState:
+    """See the module docstring."""
+
+    def __init__(self, *, mem_queue_size: int, durable: bool, max_rdy_count: int = 2500,
+                 max_attempts: int = 0, read_batch: int = 512,
+                 rng: random.Random | None = None) -> None:
+        self.mem_queue_size = mem_queue_size
+        self.durable = durable
+        self.max_rdy_count = max_rdy_count
+        self.max_attempts = max_attempts
+        self.read_batch = read_batch
+        self.rng = rng or random.Random()
+        self.ready: deque[tuple[bytes, Handle]] = deque()
+        self.disk_depth = 0
+        self.reading = False
+        self.in_flight: InFlightQueue = InFlightQueue()
+        self.deferred: DeferredQueue = DeferredQueue()
+        self.clients: dict[str, ClientState] = {}
+        self.paused = False
+        self.stats = ChannelStats()
+        self.effects = Effects()
+
+    # ------------------------------------------------------------------ intake
+
+    def take_effects(self) -> Effects:
+        effects, self.effects = self.effects, Effects()
+        return effects
+
+    def depth(self) -> int:
+        """Messages waiting for a client (memory + disk), as nsqd reports it."""
+        return len(self.ready) + self.disk_depth
+
+    def put(self, messages: list[bytes]) -> None:
+        """New messages from the topic: memory while there is room, then disk."""
+        self.stats.message_count += len(messages)
+        room = self.mem_queue_size - len(self.ready)
+        if self.disk_depth == 0 and not self.reading and room >= len(messages):
+            self.ready.extend((m, None) for m in messages)
+            return
+        keep = max(0, room) if self.disk_depth == 0 and not self.reading else 0
+        if keep:
+            self.ready.extend((m, None) for m in messages[:keep])
+            messages = messages[keep:]
+        if self.durable:
+            self.effects.disk_put.extend(messages)
+            self.disk_depth += len(messages)
+        else:  # ephemeral: no disk behind the memory buffer
+            self.stats.dropped_count += len(messages)
+            self.effects.dropped += len(messages)
+
+    def put_deferred(self, items: list[tuple[bytes, int]]) -> None:
+        """Messages published with a delay: `(encoded, due_ns)`."""
+        self.stats.message_count += len(items)
+        for encoded, due in items:
+            self._defer(encoded, None, due)
+
+    def from_disk(self, items: list[tuple[int, bytes]]) -> None:
+        """A batch read from the disk queue: `(position, encoded)`."""
+        self.reading = False
+        self.disk_depth = max(0, self.disk_depth - len(items))
+        self.ready.extend((m, pos) for pos, m in items)
+
+    def restore(self, disk_depth: int, deferred: list[tuple[int, bytes, bytes]]) -> None:
+        """State found in storage at start: disk depth and delayed-store entries."""
+        self.disk_depth = disk_depth
+        for due, msg_id, encoded in deferred:
+            if msg_id not in self.deferred:
+                self.deferred.push(msg_id, due, (encoded, DELAYED))
+
+    # ----------------------------------------------------------------- clients
+
+    def subscribe(self, client: str, msg_timeout_ns: int) -> None:
+        self.clients.setdefault(client, ClientState(client, msg_timeout_ns))
+
+    def set_rdy(self, client: str, count: int) -> None:
+        if not 0 <= count <= self.max_rdy_count:
+            raise invalid(f"RDY count {count} out of range 0-{self.max_rdy_count}")
+        state = self.clients.get(client)
+        if state is None:
+            raise invalid("cannot RDY in current state")
+        state.rdy = count
+
+    def unsubscribe(self, client: str) -> None:
+        """A client left: its in-flight messages go back to the front of the queue at once."""
+        if self.clients.pop(client, None) is None:
+            return
+        back = [msg_id for msg_id in list(self.in_flight)
+                if self.in_flight.get(msg_id).client == client]
+        for msg_id in reversed(back):
+            item = self.in_flight.remove(msg_id)
+            self.ready.appendleft((item.encoded, item.handle))
+            self.stats.requeue_count += 1
+
+    # -------------------------------------------------------- client commands
+
+    def _owned(self, client: str, msg_id: bytes, error) -> InFlight:
+        item = self.in_flight.get(msg_id) if msg_id in self.in_flight else None
+        if item is None or item.client != client:
+            raise error(msg_id)
+        return item
+
+    def finish(self, client: str, msg_ids: list[bytes]) -> list[BrokerError]:
+        """FIN: returns one non-fatal E_FIN_FAILED per id that was not in flight for `client`."""
+        errors = []
+        for msg_id in msg_ids:
+            try:
+                self._owned(client, msg_id, fin_failed)
+            except BrokerError as e:
+                errors.append(e)
+                continue
+            item = self.in_flight.remove(msg_id)
+            self._release(item.handle, msg_id)
+            state = self.clients.get(client)
+            if state is not None:
+                state.in_flight -= 1
+                state.finished += 1
+        return errors
+
+    def requeue(self, client: str, msg_id: bytes, delay_ns: int, now: int) -> None:
+        """REQ: back of the queue now (delay 0) or deferred by `delay_ns`."""
+        self._owned(client, msg_id, req_failed)
+        item = self.in_flight.remove(msg_id)
+        state = self.clients.get(client)
+        if state is not None:
+            state.in_flight -= 1
+            state.requeued += 1
+        self.stats.requeue_count += 1
+        if delay_ns <= 0:
+            self.ready.append((item.encoded, item.handle))
+        else:
+            self._defer(item.encoded, item.handle, now + delay_ns)
+
+    def touch(self, client: str, msg_id: bytes, now: int) -> None:
+        """TOUCH: the message's timeout starts again."""
+        self._owned(client, msg_id, touch_failed)
+        state = self.clients[client]
+        self.in_flight.update(msg_id, now + state.msg_timeout_ns)
+
+    # ------------------------------------------------------------------- time
+
+    def process(self, now: int) -> bool:
+        """nsqd's processInFlightQueue + processDeferredQueue; True if any work was due."""
+        dirty = False
+        for msg_id, item in self.in_flight.pop_expired(now):
+            dirty = True
+            self.stats.timeout_count += 1
+            self.stats.requeue_count += 1
+            state = self.clients.get(item.client)
+            if state is not None:
+                state.in_flight -= 1
+                state.timed_out += 1
+            self.ready.append((item.encoded, item.handle))
+            del msg_id
+        for _msg_id, (encoded, handle) in self.deferred.pop_due(now):
+            dirty = True
+            self.ready.append((encoded, handle))
+        return dirty
+
+    # --------------------------------------------------------------- delivery
+
+    def pump(self, now: int) -> None:
+        """Deliver ready messages to random ready clients; ask for disk reads."""
+        if self.paused:
+            return
+        ready_clients = [c for c in self.clients.values() if c.ready]
+        deliveries = self.effects.deliveries
+        while ready_clients:
+            if not self.ready:
+                break
+            encoded, handle = self.ready.popleft()
+            attempts = attempts_of(encoded)
+            if self.max_attempts and attempts >= self.max_attempts:
+                # Same id, timestamp and body; attempts start again on the dead-letter topic.
+                self.effects.dead_letters.append(with_attempts(encoded, 0))
+                self.stats.dead_letter_count += 1
+                self._release(handle, message_id(encoded))
+                continue
+            i = self.rng.randrange(len(ready_clients))
+            client = ready_clients[i]
+            encoded = with_attempts(encoded, attempts + 1)
+            msg_id = message_id(encoded)
+            self.in_flight.push(msg_id, now + client.msg_timeout_ns,
+                                InFlight(encoded, handle, client.name))
+            client.in_flight += 1
+            client.delivered += 1
+            deliveries.setdefault(client.name, []).append(encoded)
+            if not client.ready:
+                ready_clients[i] = ready_clients[-1]
+                ready_clients.pop()
+        if not self.ready and self.disk_depth and not self.reading and self.durable:
+            self.reading = True
+            self.effects.disk_read = self.read_batch
+
+    # ---------------------------------------------------------------- helpers
+
+    def _defer(self, encoded: bytes, handle: Handle, due: int) -> None:
+        msg_id = message_id(encoded)
+        if self.durable and handle != DELAYED:
+            self.effects.delayed_add.append((due, msg_id, encoded))
+            if handle is not None:
+                self.effects.disk_ack.append(handle)
+            handle = DELAYED
+        elif handle == DELAYED:  # still in the store: record the new due time
+            self.effects.delayed_add.append((due, msg_id, encoded))
+        self.deferred.push(msg_id, due, (encoded, handle))
+
+    def _release(self, handle: Handle, msg_id: bytes) -> None:
+        if handle is None:
+            return
+        if handle == DELAYED:
+            self.effects.delayed_remove.append(msg_id)
+        else:
+            self.effects.disk_ack.append(handle)
+
+    def empty(self) -> None:
+        """Drop every queued and deferred message (nsqd's channel empty)."""
+        for _encoded, handle in self.ready:
+            if handle is not None and handle != DELAYED:
+                self.effects.disk_ack.append(handle)
+        self.ready.clear()
+        for _msg_id, (encoded, handle) in self.deferred.pop_due(2**63):
+            self._release(handle, message_id(encoded))
+        self.disk_depth = 0
+        self.reading = False
+
+    def memory_only(self) -> list[bytes]:
+        """Messages that exist only in memory (what a clean shutdown writes to disk)."""
+        out = [m for m, h in self.ready if h is None]
+        out.extend(self.in_flight.get(i).encoded for i in self.in_flight
+                   if self.in_flight.get(i).handle is None)
+        return out
+
+    def client_stats(self) -> list[dict[str, object]]:
+        return [{"client": c.name, "ready_count": c.rdy, "in_flight_count": c.in_flight,
+                 "message_count": c.delivered, "finish_count": c.finished,
+                 "requeue_count": c.requeued, "timeout_count": c.timed_out}
+                for c in self.clients.values()]

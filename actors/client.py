@@ -1,0 +1,183 @@
+"""The client-connection actor: `client:<id>`, one per connected client, on the gateway.
+
+It holds what nsqd's protocol loop keeps per connection -- the subscription,
+the RDY count, the negotiated message timeout -- validates the client's
+commands against the broker's limits, and forwards them to the channel.
+Channels send it ``Deliver`` batches and ``ClientError``s.
+
+What reaches the client goes through an *outbox*: a bounded queue of
+``("message", channel, encoded)`` and ``("error", (code, text, fatal))``
+entries.  Protocol loops (next issue) drain it onto their sockets; tests and
+embedders call ``ClientTake``.  A fatal error ends the subscription, as nsqd
+closes the connection.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from actors.actor import Actor
+from actors.broker_messages import ClientError, Deliver, Fin, Rdy, Req, Sub, Touch, Unsub
+from actors.broker_options import BrokerOptions
+from actors.nsq_message import is_valid_channel_name, is_valid_topic_name
+from actors.nsq_errors import BrokerError, bad_body, bad_channel, bad_topic, invalid
+from transport.envelope import message
+
+log = logging.getLogger(__name__)
+
+
+@message
+@dataclass(frozen=True)
+class ClientIdentify:
+    """IDENTIFY's message timeout (ms; 0 keeps the broker's default)."""
+
+    msg_timeout_ms: int = 0
+
+
+@message
+@dataclass(frozen=True)
+class ClientSub:
+    topic: str
+    channel: str
+
+
+@message
+@dataclass(frozen=True)
+class ClientRdy:
+    count: int
+
+
+@message
+@dataclass(frozen=True)
+class ClientFin:
+    ids: list[bytes]
+
+
+@message
+@dataclass(frozen=True)
+class ClientReq:
+    id: bytes
+    delay_ms: int
+
+
+@message
+@dataclass(frozen=True)
+class ClientTouch:
+    id: bytes
+
+
+@message
+@dataclass(frozen=True)
+class ClientClose:
+    """CLS or a dropped connection: in-flight messages go back to the channel at once."""
+
+
+@message
+@dataclass(frozen=True)
+class ClientTake:
+    """Ask: up to `limit` outbox entries, oldest first (removed from the outbox)."""
+
+    limit: int = 1_000_000
+
+
+@message
+@dataclass(frozen=True)
+class ClientInfo:
+    """Ask: the client's state (subscription, RDY, outbox size)."""
+
+
+class ClientActor(Actor):
+    """See the module docstring."""
+
+    def __init__(self, name: str, options: BrokerOptions) -> None:
+        super().__init__(name)
+        self.options = options
+        self.msg_timeout_ms = int(options.msg_timeout * 1000)
+        self.channel: str | None = None  # "channel:topic/channel"
+        self.rdy = 0
+        self.outbox: deque[tuple[Any, ...]] = deque()
+        self.closed = False
+
+    def on_stop(self) -> None:
+        self._leave()
+
+    def on_receive(self, msg: Any) -> Any:
+        match msg:
+            case Deliver(channel=channel, messages=messages):
+                self.outbox.extend(("message", channel, m) for m in messages)
+            case ClientError(error=error):
+                self._error(BrokerError(error[1], fatal=error[2], code=error[0]))
+            case ClientTake(limit=limit):
+                n = min(limit, len(self.outbox))
+                return [self.outbox.popleft() for _ in range(n)]
+            case ClientInfo():
+                return {"channel": self.channel, "rdy": self.rdy, "outbox": len(self.outbox),
+                        "msg_timeout_ms": self.msg_timeout_ms, "closed": self.closed}
+            case _:
+                try:
+                    self._command(msg)
+                except BrokerError as e:
+                    self._error(e)
+        return None
+
+    def _command(self, msg: Any) -> None:
+        o = self.options
+        match msg:
+            case ClientIdentify(msg_timeout_ms=timeout_ms):
+                max_ms = int(o.max_msg_timeout * 1000)
+                if timeout_ms and not 1000 <= timeout_ms <= max_ms:
+                    raise bad_body(f"IDENTIFY msg timeout ({timeout_ms}) is invalid")
+                if timeout_ms:
+                    self.msg_timeout_ms = timeout_ms
+            case ClientSub(topic=topic, channel=channel):
+                if self.channel is not None or self.closed:
+                    raise invalid("cannot SUB in current state")
+                if not is_valid_topic_name(topic):
+                    raise bad_topic(topic, "SUB")
+                if not is_valid_channel_name(channel):
+                    raise bad_channel(channel, "SUB")
+                self.channel = f"channel:{topic}/{channel}"
+                self.tell(self.channel, Sub(self.name, self.msg_timeout_ms))
+            case ClientRdy(count=count):
+                if self.channel is None:
+                    raise invalid("cannot RDY in current state")
+                if not 0 <= count <= o.max_rdy_count:
+                    raise invalid(f"RDY count {count} out of range 0-{o.max_rdy_count}")
+                self.rdy = count
+                self.tell(self.channel, Rdy(self.name, count))
+            case ClientFin(ids=ids):
+                self._require_sub("FIN")
+                self.tell(self.channel, Fin(self.name, list(ids)))
+            case ClientReq(id=msg_id, delay_ms=delay_ms):
+                self._require_sub("REQ")
+                max_ms = int(o.max_req_timeout * 1000)
+                if not 0 <= delay_ms <= max_ms:
+                    raise invalid(f"REQ timeout {delay_ms} out of range 0-{max_ms}")
+                self.tell(self.channel, Req(self.name, msg_id, delay_ms))
+            case ClientTouch(id=msg_id):
+                self._require_sub("TOUCH")
+                self.tell(self.channel, Touch(self.name, msg_id))
+            case ClientClose():
+                self._leave()
+                self.closed = True
+            case _:
+                raise invalid(f"invalid command {type(msg).__name__}")
+
+    def _require_sub(self, verb: str) -> None:
+        if self.channel is None:
+            raise invalid(f"cannot {verb} in current state")
+
+    def _error(self, error: BrokerError) -> None:
+        self.outbox.append(("error", error.to_wire()))
+        if error.fatal:
+            self._leave()
+            self.closed = True
+
+    def _leave(self) -> None:
+        if self.channel is not None:
+            self.tell(self.channel, Unsub(self.name))
+            self.channel = None
+            self.rdy = 0

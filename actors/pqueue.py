@@ -1,0 +1,215 @@
+"""In-flight and deferred priority queues of a channel (pure: ``now`` is passed in).
+
+Theory of operation
+-------------------
+nsqd's channel keeps two priority queues, both swept by the queue scanner
+(``processInFlightQueue(t)`` / ``processDeferredQueue(t)``):
+
+* the **in-flight queue**: delivered, not yet finished messages, ordered by the
+  deadline after which they are requeued (FIN removes, REQ removes, TOUCH
+  moves the deadline later, the sweep pops everything that has expired);
+* the **deferred queue**: messages waiting for their due time (DPUB, REQ with
+  a delay); the sweep pops everything that is due.
+
+Both are :class:`KeyedHeap` s: a binary heap (``heapq``, in C) of entries
+``[priority, sequence, key, item]`` plus a dict ``key -> entry``.
+
+*Priorities* are plain numbers compared with ``<=``; the broker uses **int
+nanoseconds** (like NSQ's ``time.Now().UnixNano()`` and like
+:mod:`storage.delayed`), e.g. ``deadline = now_ns + timeout_ns``.  The queues
+never read a clock; do not mix units within one queue.
+
+*Ties* are broken by the sequence number, so entries with equal priorities pop
+in insertion order; an ``update`` counts as a fresh insertion.
+
+*Removal is lazy.*  ``remove`` (FIN, by far the most frequent operation) only
+drops the key from the dict and turns the heap entry into a tombstone, in
+O(1); ``update`` (TOUCH) tombstones the old entry and pushes a new one, in
+O(log n).  Tombstones are discarded when they reach the top of the heap, and
+when they outnumber the live entries the heap is rebuilt without them
+(``heapify``, O(n)), checked after every remove, update and pop.  A rebuild
+happens only after at least half the heap became tombstones since the
+previous one, so its cost is amortised O(1) per removal, and the heap never
+holds more than twice the live entries (plus a small constant).
+The alternative, nsq's heap with an index stored in every entry, makes
+``remove`` O(log n) *in Python* (sift loops are interpreted); lazy deletion
+keeps every sift inside ``heapq``'s C code.
+
+Pops return the earliest entries first: ``pop_expired(now)`` returns every
+entry whose priority is ``<= now`` (nsq's ``PeekAndShift`` loop), optionally
+at most ``limit`` of them.  Not thread-safe: a queue has one owner (an actor).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Hashable, Iterator
+from typing import Any, Generic, TypeVar
+
+__all__ = ["DeferredQueue", "DuplicateIdError", "InFlightQueue", "KeyedHeap"]
+
+T = TypeVar("T")
+
+_DEAD: Any = object()  # key of a tombstoned heap entry
+_PRIORITY, _SEQ, _KEY, _ITEM = 0, 1, 2, 3
+_COMPACT_MIN = 64  # heaps smaller than this are never rebuilt
+_MISSING: Any = object()
+
+
+class DuplicateIdError(ValueError):
+    """The id is already in the queue (nsqd: "ID already in flight")."""
+
+
+class KeyedHeap(Generic[T]):
+    """A min-heap of items keyed by id, with O(1) removal and O(log n) re-prioritisation."""
+
+    __slots__ = ("_heap", "_index", "_seq")
+
+    def __init__(self) -> None:
+        self._heap: list[list[Any]] = []
+        self._index: dict[Hashable, list[Any]] = {}
+        self._seq = itertools.count()
+
+    # -- mutation -------------------------------------------------------------
+
+    def push(self, msg_id: Hashable, priority: float, item: T) -> None:
+        """Add ``item`` under ``msg_id``; :class:`DuplicateIdError` if it is already queued."""
+        if msg_id in self._index:
+            msg = f"id {msg_id!r} is already queued"
+            raise DuplicateIdError(msg)
+        entry = [priority, next(self._seq), msg_id, item]
+        self._index[msg_id] = entry
+        heapq.heappush(self._heap, entry)
+
+    def remove(self, msg_id: Hashable) -> T:
+        """Remove ``msg_id`` and return its item; ``KeyError`` if absent.  O(1)."""
+        entry = self._index.pop(msg_id)
+        item = entry[_ITEM]
+        entry[_KEY] = _DEAD
+        entry[_ITEM] = None
+        heap = self._heap
+        if len(heap) > _COMPACT_MIN and len(heap) > 2 * len(self._index):
+            self._compact()
+        return item
+
+    def update(self, msg_id: Hashable, priority: float, item: T = _MISSING) -> None:
+        """Move ``msg_id`` to a new priority, optionally replacing its item; ``KeyError`` if absent.
+
+        The entry goes behind existing entries of equal priority.
+        """
+        old = self._index[msg_id]
+        if item is _MISSING:
+            item = old[_ITEM]
+        old[_KEY] = _DEAD
+        old[_ITEM] = None
+        entry = [priority, next(self._seq), msg_id, item]
+        self._index[msg_id] = entry
+        heapq.heappush(self._heap, entry)
+        if len(self._heap) > _COMPACT_MIN and len(self._heap) > 2 * len(self._index):
+            self._compact()
+
+    def pop_until(self, now: float, limit: int | None = None) -> list[tuple[Any, T]]:
+        """Pop each ``(msg_id, item)`` with priority ``<= now``, earliest first, up to ``limit``."""
+        heap = self._heap
+        index = self._index
+        out: list[tuple[Any, T]] = []
+        if limit is None:
+            limit = len(index)
+        heappop = heapq.heappop
+        while heap and len(out) < limit and heap[0][_PRIORITY] <= now:
+            entry = heappop(heap)
+            key = entry[_KEY]
+            if key is _DEAD:
+                continue
+            del index[key]
+            out.append((key, entry[_ITEM]))
+        if len(heap) > _COMPACT_MIN and len(heap) > 2 * len(index):
+            self._compact()
+        return out
+
+    def drain(self) -> list[tuple[Any, T]]:
+        """Remove and return every ``(key, item)``, earliest first."""
+        live = sorted(e for e in self._heap if e[_KEY] is not _DEAD)
+        self.clear()
+        return [(e[_KEY], e[_ITEM]) for e in live]
+
+    def clear(self) -> None:
+        """Forget every entry."""
+        self._heap.clear()
+        self._index.clear()
+
+    def _compact(self) -> None:
+        self._heap = [e for e in self._heap if e[_KEY] is not _DEAD]
+        heapq.heapify(self._heap)
+
+    # -- queries ----------------------------------------------------------------
+
+    def peek(self) -> float | None:
+        """The earliest priority, or ``None`` when empty."""
+        heap = self._heap
+        while heap and heap[0][_KEY] is _DEAD:
+            heapq.heappop(heap)
+        return heap[0][_PRIORITY] if heap else None
+
+    def get(self, msg_id: Hashable, default: Any = None) -> T | Any:
+        """The item under ``msg_id``, or ``default``."""
+        entry = self._index.get(msg_id)
+        return default if entry is None else entry[_ITEM]
+
+    def priority_of(self, msg_id: Hashable) -> float:
+        """The priority of ``msg_id``; ``KeyError`` if absent."""
+        return self._index[msg_id][_PRIORITY]
+
+    def items(self) -> list[tuple[Any, float, T]]:
+        """A snapshot of ``(key, priority, item)`` in insertion/update order."""
+        return [(k, e[_PRIORITY], e[_ITEM]) for k, e in self._index.items()]
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._index
+
+    def __iter__(self) -> Iterator[Any]:
+        """Iterate over a snapshot of the keys, so the queue may change meanwhile."""
+        return iter(list(self._index))
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} len={len(self)} next={self.peek()!r}>"
+
+
+class InFlightQueue(KeyedHeap[T]):
+    """Delivered messages by message id, ordered by their timeout deadline (int ns)."""
+
+    __slots__ = ()
+
+    def pop_expired(self, now: float, limit: int | None = None) -> list[tuple[Any, T]]:
+        """Pop the messages whose deadline is ``<= now``, earliest first (timeouts to requeue)."""
+        return self.pop_until(now, limit)
+
+    def peek_deadline(self) -> float | None:
+        """The earliest deadline, or ``None`` when nothing is in flight."""
+        return self.peek()
+
+    def deadline_of(self, msg_id: Hashable) -> float:
+        """The deadline of ``msg_id``; ``KeyError`` if it is not in flight."""
+        return self.priority_of(msg_id)
+
+
+class DeferredQueue(KeyedHeap[T]):
+    """Deferred messages by message id, ordered by due time (int ns)."""
+
+    __slots__ = ()
+
+    def pop_due(self, now: float, limit: int | None = None) -> list[tuple[Any, T]]:
+        """Pop the messages due at ``now`` (due time ``<= now``), earliest first."""
+        return self.pop_until(now, limit)
+
+    def peek_due(self) -> float | None:
+        """The earliest due time, or ``None`` when nothing is deferred."""
+        return self.peek()
+
+    def due_of(self, msg_id: Hashable) -> float:
+        """The due time of ``msg_id``; ``KeyError`` if it is not deferred."""
+        return self.priority_of(msg_id)

@@ -1,0 +1,319 @@
+"""The channel's pure state machine, driven with plain numbers for time."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from actors.channel_state import DELAYED, ChannelState
+from actors.nsq_message import GuidFactory, attempts_of, encode_message, message_id
+from actors.nsq_errors import BrokerError
+
+SECOND = 1_000_000_000
+_guids = GuidFactory(7)
+
+
+def msgs(n: int, start: int = 0) -> list[bytes]:
+    ids = _guids.new_guids(1_000 + start, n)
+    return [encode_message(i, 0, 0, b"body-%d" % (start + k)) for k, i in enumerate(ids)]
+
+
+def channel(**kw) -> ChannelState:
+    kw.setdefault("mem_queue_size", 100)
+    kw.setdefault("durable", True)
+    kw.setdefault("rng", random.Random(1))
+    return ChannelState(**kw)
+
+
+def deliver(ch: ChannelState, now: int = 0) -> dict[str, list[bytes]]:
+    ch.pump(now)
+    return ch.take_effects().deliveries
+
+
+def test_messages_go_only_to_clients_that_are_ready():
+    ch = channel()
+    ch.subscribe("a", 60 * SECOND)
+    ch.put(msgs(3))
+    assert deliver(ch) == {}  # RDY 0: nobody is ready
+    ch.set_rdy("a", 2)
+    got = deliver(ch)
+    assert len(got["a"]) == 2
+    assert ch.depth() == 1
+    assert len(ch.in_flight) == 2
+
+
+def test_delivery_increments_attempts():
+    ch = channel()
+    ch.subscribe("a", SECOND)
+    ch.set_rdy("a", 1)
+    ch.put(msgs(1))
+    (m,) = deliver(ch)["a"]
+    assert attempts_of(m) == 1
+
+
+def test_each_message_goes_to_a_random_ready_client():
+    # Given three clients with a large RDY and a seeded rng
+    ch = channel(mem_queue_size=10_000, rng=random.Random(42))
+    for c in "abc":
+        ch.subscribe(c, 60 * SECOND)
+        ch.set_rdy(c, 2500)
+    ch.put(msgs(3000))
+    got = deliver(ch)
+    counts = Counter({c: len(v) for c, v in got.items()})
+    # Then every client gets about a third (a 5-sigma band of a fair split)
+    assert sum(counts.values()) == 3000
+    for c in "abc":
+        assert 870 <= counts[c] <= 1130, counts
+
+
+def test_a_client_stops_receiving_when_its_in_flight_reaches_rdy():
+    ch = channel()
+    ch.subscribe("a", SECOND)
+    ch.subscribe("b", SECOND)
+    ch.set_rdy("a", 1)
+    ch.set_rdy("b", 5)
+    ch.put(msgs(10))
+    got = deliver(ch)
+    assert len(got["a"]) == 1
+    assert len(got["b"]) == 5
+    assert ch.depth() == 4
+
+
+def test_rdy_out_of_range_or_before_sub_is_a_fatal_invalid():
+    ch = channel(max_rdy_count=10)
+    with pytest.raises(BrokerError) as e:
+        ch.set_rdy("nobody", 1)
+    assert e.value.code == "E_INVALID"
+    ch.subscribe("a", SECOND)
+    with pytest.raises(BrokerError) as e:
+        ch.set_rdy("a", 11)
+    assert e.value.fatal
+
+
+def test_fin_finishes_and_unknown_ids_are_non_fatal_errors():
+    ch = channel()
+    ch.subscribe("a", SECOND)
+    ch.set_rdy("a", 5)
+    ch.put(msgs(2))
+    m1, _m2 = deliver(ch)["a"]
+    errors = ch.finish("a", [message_id(m1), b"0000000000000000"])
+    assert len(errors) == 1
+    assert errors[0].code == "E_FIN_FAILED"
+    assert not errors[0].fatal
+    assert len(ch.in_flight) == 1
+    # Another client cannot finish a message it does not hold.
+    ch.subscribe("b", SECOND)
+    assert ch.finish("b", [message_id(_m2)])[0].code == "E_FIN_FAILED"
+
+
+def test_a_message_whose_timeout_passes_is_requeued_and_counted():
+    # Given a message in flight with a 10 s timeout
+    ch = channel()
+    ch.subscribe("a", 10 * SECOND)
+    ch.set_rdy("a", 1)
+    ch.put(msgs(1))
+    (m,) = deliver(ch, now=100 * SECOND)["a"]
+    # When the scanner processes the channel before and after the deadline
+    assert ch.process(109 * SECOND) is False
+    assert ch.process(110 * SECOND) is True
+    # Then it is back in the queue, counted, and delivered again with attempts 2
+    assert ch.stats.timeout_count == 1
+    assert ch.clients["a"].in_flight == 0
+    (again,) = deliver(ch, now=111 * SECOND)["a"]
+    assert message_id(again) == message_id(m)
+    assert attempts_of(again) == 2
+
+
+def test_touch_resets_the_timeout():
+    ch = channel()
+    ch.subscribe("a", 10 * SECOND)
+    ch.set_rdy("a", 1)
+    ch.put(msgs(1))
+    (m,) = deliver(ch, now=0)["a"]
+    ch.touch("a", message_id(m), now=8 * SECOND)
+    assert ch.process(12 * SECOND) is False
+    assert ch.process(18 * SECOND) is True
+
+
+def test_req_without_delay_puts_the_message_at_the_back_of_the_queue():
+    ch = channel()
+    ch.subscribe("a", SECOND)
+    ch.set_rdy("a", 1)
+    first, second = msgs(2)
+    ch.put([first, second])
+    (m,) = deliver(ch)["a"]
+    ch.requeue("a", message_id(m), 0, now=0)
+    (nxt,) = deliver(ch)["a"]
+    assert message_id(nxt) == message_id(second)
+    assert ch.ready[0][0][10:26] == message_id(first)
+    assert ch.stats.requeue_count == 1
+
+
+def test_req_with_a_delay_defers_the_message_until_it_is_due():
+    ch = channel()
+    ch.subscribe("a", 60 * SECOND)
+    ch.set_rdy("a", 1)
+    ch.put(msgs(1))
+    (m,) = deliver(ch, now=0)["a"]
+    ch.requeue("a", message_id(m), 5 * SECOND, now=1 * SECOND)
+    fx = ch.take_effects()
+    assert fx.delayed_add == [(6 * SECOND, message_id(m), m)]  # kept durably with its due time
+    assert len(ch.deferred) == 1
+    assert deliver(ch, now=2 * SECOND) == {}
+    assert ch.process(5 * SECOND) is False
+    assert ch.process(6 * SECOND) is True
+    (again,) = deliver(ch, now=6 * SECOND)["a"]
+    assert attempts_of(again) == 2
+    # Finishing it removes it from the delayed store.
+    ch.finish("a", [message_id(again)])
+    assert ch.take_effects().delayed_remove == [message_id(m)]
+
+
+def test_req_of_a_disk_message_moves_it_to_the_delayed_store_before_releasing_it():
+    ch = channel(mem_queue_size=0)
+    ch.subscribe("a", 60 * SECOND)
+    ch.put(msgs(1))
+    assert ch.take_effects().disk_put
+    ch.set_rdy("a", 1)
+    ch.pump(0)
+    assert ch.take_effects().disk_read > 0
+    (m,) = msgs(1)
+    ch.from_disk([(12345, m)])
+    (d,) = deliver(ch)["a"]
+    ch.requeue("a", message_id(d), SECOND, now=0)
+    fx = ch.take_effects()
+    assert fx.delayed_add[0][1] == message_id(d)
+    assert fx.disk_ack == [12345]
+
+
+def test_req_delay_out_of_range_is_checked_by_the_client_actor_not_here():
+    # The state accepts any delay; limits are the client actor's job (tested there).
+    ch = channel()
+    ch.subscribe("a", SECOND)
+    ch.set_rdy("a", 1)
+    ch.put(msgs(1))
+    (m,) = deliver(ch)["a"]
+    ch.requeue("a", message_id(m), 10**15, now=0)
+    assert len(ch.deferred) == 1
+
+
+def test_deferred_publish_waits_for_its_due_time():
+    ch = channel()
+    ch.subscribe("a", SECOND)
+    ch.set_rdy("a", 10)
+    (m,) = msgs(1)
+    ch.put_deferred([(m, 50 * SECOND)])
+    assert ch.take_effects().delayed_add == [(50 * SECOND, message_id(m), m)]
+    assert deliver(ch, now=10 * SECOND) == {}
+    ch.process(50 * SECOND)
+    assert deliver(ch, now=50 * SECOND)["a"][0][10:26] == message_id(m)
+
+
+def test_a_message_delivered_max_attempts_times_goes_to_the_dead_letters():
+    ch = channel(max_attempts=2)
+    ch.subscribe("a", SECOND)
+    ch.set_rdy("a", 1)
+    ch.put(msgs(1))
+    for _ in range(2):
+        (m,) = deliver(ch)["a"]
+        ch.requeue("a", message_id(m), 0, now=0)
+    ch.pump(0)
+    fx = ch.take_effects()
+    assert fx.deliveries == {}
+    assert [message_id(x) for x in fx.dead_letters] == [message_id(m)]
+    assert ch.stats.dead_letter_count == 1
+    assert ch.depth() == 0
+
+
+def test_beyond_the_memory_queue_messages_go_to_disk_and_come_back_in_batches():
+    ch = channel(mem_queue_size=2)
+    ch.put(msgs(5))
+    fx = ch.take_effects()
+    assert len(fx.disk_put) == 3
+    assert ch.depth() == 5
+    ch.subscribe("a", SECOND)
+    ch.set_rdy("a", 10)
+    ch.pump(0)
+    first = ch.take_effects()
+    assert len(first.deliveries["a"]) == 2
+    assert first.disk_read == ch.read_batch  # memory ran dry: ask the disk queue
+    ch.pump(0)
+    assert ch.take_effects().disk_read == 0  # one read outstanding at a time
+    ch.from_disk([(p, m) for p, m in enumerate(fx.disk_put)])
+    got = deliver(ch)["a"]
+    assert [message_id(m) for m in got] == [message_id(m) for m in fx.disk_put]
+    # Finishing disk messages acks their positions.
+    ch.finish("a", [message_id(m) for m in got])
+    assert ch.take_effects().disk_ack == [0, 1, 2]
+
+
+def test_an_ephemeral_channel_drops_and_counts_what_does_not_fit_in_memory():
+    ch = channel(mem_queue_size=2, durable=False)
+    ch.put(msgs(5))
+    fx = ch.take_effects()
+    assert fx.disk_put == []
+    assert fx.dropped == 3
+    assert ch.stats.dropped_count == 3
+    assert ch.depth() == 2
+
+
+def test_a_client_that_leaves_has_its_in_flight_messages_requeued_at_once():
+    ch = channel()
+    ch.subscribe("a", SECOND)
+    ch.subscribe("b", SECOND)
+    ch.set_rdy("a", 3)
+    ch.put(msgs(3))
+    got = deliver(ch)["a"]
+    ch.unsubscribe("a")
+    assert len(ch.in_flight) == 0
+    assert ch.stats.requeue_count == 3
+    ch.set_rdy("b", 3)
+    assert [message_id(m) for m in deliver(ch)["b"]] == [message_id(m) for m in got]
+
+
+def test_pause_stops_delivery_and_unpause_resumes_it():
+    ch = channel()
+    ch.subscribe("a", SECOND)
+    ch.set_rdy("a", 5)
+    ch.paused = True
+    ch.put(msgs(2))
+    assert deliver(ch) == {}
+    ch.paused = False
+    assert len(deliver(ch)["a"]) == 2
+
+
+def test_empty_drops_queued_and_deferred_messages_and_releases_their_storage():
+    ch = channel(mem_queue_size=1)
+    ch.put(msgs(1))
+    ch.from_disk([(77, msgs(1, start=5)[0])])
+    (deferred,) = msgs(1, start=9)
+    ch.restore(0, [(10 * SECOND, message_id(deferred), deferred)])
+    ch.take_effects()
+    ch.empty()
+    fx = ch.take_effects()
+    assert ch.depth() == 0
+    assert len(ch.deferred) == 0
+    assert fx.disk_ack == [77]
+    assert fx.delayed_remove == [message_id(deferred)]
+
+
+def test_restored_deferred_messages_keep_their_due_time():
+    ch = channel()
+    (m,) = msgs(1)
+    ch.restore(3, [(42 * SECOND, message_id(m), m)])
+    assert ch.depth() == 3
+    assert ch.process(41 * SECOND) is False
+    assert ch.process(42 * SECOND) is True
+    assert ch.ready[-1] == (m, DELAYED)
+
+
+def test_memory_only_lists_what_a_clean_shutdown_must_write():
+    ch = channel()
+    ch.subscribe("a", SECOND)
+    ch.set_rdy("a", 1)
+    ch.put(msgs(3))
+    ch.from_disk([(5, msgs(1, start=10)[0])])
+    deliver(ch)
+    assert len(ch.memory_only()) == 3  # 2 queued + 1 in flight; the disk one is durable

@@ -1,0 +1,307 @@
+"""In-flight and deferred priority queues (actors.pqueue) with plain numbers for time."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from actors.pqueue import DeferredQueue, DuplicateIdError, InFlightQueue, KeyedHeap
+
+
+def filled(*entries: tuple[str, int]) -> InFlightQueue[str]:
+    q: InFlightQueue[str] = InFlightQueue()
+    for msg_id, deadline in entries:
+        q.push(msg_id, deadline, f"item-{msg_id}")
+    return q
+
+
+# -- in-flight queue --------------------------------------------------------------
+
+
+def test_expired_messages_pop_earliest_deadline_first() -> None:
+    q = filled(("c", 30), ("a", 10), ("b", 20))
+    assert q.pop_expired(100) == [("a", "item-a"), ("b", "item-b"), ("c", "item-c")]
+    assert len(q) == 0
+
+
+def test_pop_expired_takes_only_deadlines_at_or_before_now() -> None:
+    q = filled(("a", 10), ("b", 20), ("c", 21))
+    assert [i for i, _ in q.pop_expired(20)] == ["a", "b"]
+    assert q.pop_expired(20) == []
+    assert q.peek_deadline() == 21
+    assert "c" in q
+
+
+def test_pop_expired_stops_at_the_limit_and_leaves_the_rest() -> None:
+    q = filled(*((str(i), i) for i in range(10)))
+    assert [i for i, _ in q.pop_expired(100, limit=3)] == ["0", "1", "2"]
+    assert [i for i, _ in q.pop_expired(100, limit=0)] == []
+    assert len(q) == 7
+
+
+def test_equal_deadlines_pop_in_insertion_order() -> None:
+    q = filled(("x", 5), ("a", 5), ("m", 5), ("b", 5))
+    assert [i for i, _ in q.pop_expired(5)] == ["x", "a", "m", "b"]
+
+
+def test_touch_moves_a_message_later_behind_equal_deadlines() -> None:
+    # Given a and b due at 10 and c at 20
+    q = filled(("a", 10), ("b", 10), ("c", 20))
+    # When a is touched to 20
+    q.update("a", 20)
+    # Then b expires alone at 10, and a comes after c at 20
+    assert [i for i, _ in q.pop_expired(10)] == ["b"]
+    assert q.deadline_of("a") == 20
+    assert q.pop_expired(20) == [("c", "item-c"), ("a", "item-a")]
+
+
+def test_update_can_replace_the_item() -> None:
+    q = filled(("a", 10))
+    q.update("a", 11, "new")
+    assert q.get("a") == "new"
+    assert q.pop_expired(11) == [("a", "new")]
+
+
+def test_remove_from_the_middle_returns_its_item_and_keeps_order() -> None:
+    q = filled(("a", 1), ("b", 2), ("c", 3), ("d", 4))
+    assert q.remove("c") == "item-c"
+    assert "c" not in q
+    assert len(q) == 3
+    assert [i for i, _ in q.pop_expired(10)] == ["a", "b", "d"]
+
+
+def test_removing_the_head_changes_the_next_deadline() -> None:
+    q = filled(("a", 1), ("b", 2))
+    q.remove("a")
+    assert q.peek_deadline() == 2
+
+
+def test_remove_and_update_of_an_unknown_id_raise_key_error() -> None:
+    q = filled(("a", 1))
+    with pytest.raises(KeyError):
+        q.remove("zz")
+    with pytest.raises(KeyError):
+        q.update("zz", 5)
+    q.remove("a")
+    with pytest.raises(KeyError):
+        q.remove("a")
+
+
+def test_pushing_an_id_already_in_flight_is_refused() -> None:
+    q = filled(("a", 1))
+    with pytest.raises(DuplicateIdError, match="already queued"):
+        q.push("a", 2, "other")
+    assert q.get("a") == "item-a"
+
+
+def test_an_id_can_be_pushed_again_after_it_left() -> None:
+    q = filled(("a", 1))
+    q.pop_expired(1)
+    q.push("a", 5, "again")
+    assert q.pop_expired(5) == [("a", "again")]
+
+
+def test_empty_queue_has_no_deadline_and_pops_nothing() -> None:
+    q: InFlightQueue[str] = InFlightQueue()
+    assert q.peek_deadline() is None
+    assert q.pop_expired(10**18) == []
+    assert len(q) == 0
+    assert not q
+
+
+def test_get_returns_the_item_or_a_default() -> None:
+    q = filled(("a", 1))
+    assert q.get("a") == "item-a"
+    assert q.get("b") is None
+    assert q.get("b", "dflt") == "dflt"
+
+
+def test_iteration_yields_ids_and_tolerates_removal_meanwhile() -> None:
+    q = filled(("a", 3), ("b", 1), ("c", 2))
+    seen = []
+    for msg_id in q:
+        seen.append(msg_id)
+        q.remove(msg_id)
+    assert sorted(seen) == ["a", "b", "c"]
+    assert len(q) == 0
+
+
+def test_items_lists_id_deadline_and_item() -> None:
+    q = filled(("a", 3), ("b", 1))
+    assert sorted(q.items()) == [("a", 3, "item-a"), ("b", 1, "item-b")]
+
+
+def test_drain_empties_the_queue_earliest_first() -> None:
+    q = filled(("a", 3), ("b", 1), ("c", 2))
+    q.remove("c")
+    assert q.drain() == [("b", "item-b"), ("a", "item-a")]
+    assert len(q) == 0
+    assert q.peek_deadline() is None
+
+
+def test_float_and_nanosecond_deadlines_both_work() -> None:
+    q: InFlightQueue[int] = InFlightQueue()
+    q.push(b"f", 1.5, 1)
+    q.push(b"n", 1_000_000_000, 2)
+    assert q.pop_expired(2) == [(b"f", 1)]
+
+
+def test_many_removals_keep_the_heap_small() -> None:
+    # Given 10 000 messages in flight, all but 10 finished
+    q: InFlightQueue[int] = InFlightQueue()
+    for i in range(10_000):
+        q.push(i, i, i)
+    for i in range(10, 10_000):
+        q.remove(i)
+    # Then tombstones were compacted away and the survivors are intact
+    assert len(q._heap) <= 2 * len(q) + 64
+    assert [i for i, _ in q.pop_expired(10**9)] == list(range(10))
+
+
+def test_repeated_touches_do_not_grow_the_heap_without_bound() -> None:
+    q = filled(("a", 0), ("b", 0))
+    for t in range(1, 5000):
+        q.update("a", t)
+    assert len(q._heap) <= 2 * len(q) + 64
+    assert q.pop_expired(10**9) == [("b", "item-b"), ("a", "item-a")]
+
+
+def test_repr_shows_size_and_next_deadline() -> None:
+    assert repr(filled(("a", 7))) == "<InFlightQueue len=1 next=7>"
+
+
+# -- deferred queue -----------------------------------------------------------------
+
+
+def test_deferred_messages_pop_when_due_in_due_order() -> None:
+    q: DeferredQueue[bytes] = DeferredQueue()
+    q.push(b"late", 300, b"L")
+    q.push(b"soon", 100, b"S")
+    q.push(b"mid", 200, b"M")
+    assert q.peek_due() == 100
+    assert q.pop_due(99) == []
+    assert q.pop_due(200) == [(b"soon", b"S"), (b"mid", b"M")]
+    assert q.due_of(b"late") == 300
+    assert q.pop_due(1000, limit=5) == [(b"late", b"L")]
+    assert q.peek_due() is None
+
+
+def test_deferred_message_can_be_removed_before_it_is_due() -> None:
+    q: DeferredQueue[str] = DeferredQueue()
+    q.push("a", 5, "A")
+    q.push("b", 6, "B")
+    assert q.remove("a") == "A"
+    assert "a" not in q
+    assert len(q) == 1
+    assert q.pop_due(10) == [("b", "B")]
+
+
+# -- model-based: random operation sequences ------------------------------------------
+
+
+class KeyedHeapModel(RuleBasedStateMachine):
+    """push / remove / update / pop_until behave like a dict sorted by (priority, seq)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q: KeyedHeap[int] = KeyedHeap()
+        self.model: dict[int, tuple[int, int, int]] = {}  # id -> (priority, seq, item)
+        self.seq = 0
+
+    def _stamp(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    @rule(msg_id=st.integers(0, 40), priority=st.integers(0, 30), item=st.integers())
+    def push(self, msg_id: int, priority: int, item: int) -> None:
+        if msg_id in self.model:
+            with pytest.raises(DuplicateIdError):
+                self.q.push(msg_id, priority, item)
+        else:
+            self.q.push(msg_id, priority, item)
+            self.model[msg_id] = (priority, self._stamp(), item)
+
+    @rule(msg_id=st.integers(0, 40))
+    def remove(self, msg_id: int) -> None:
+        if msg_id in self.model:
+            assert self.q.remove(msg_id) == self.model.pop(msg_id)[2]
+        else:
+            with pytest.raises(KeyError):
+                self.q.remove(msg_id)
+
+    @rule(msg_id=st.integers(0, 40), priority=st.integers(0, 30))
+    def update(self, msg_id: int, priority: int) -> None:
+        if msg_id in self.model:
+            self.q.update(msg_id, priority)
+            self.model[msg_id] = (priority, self._stamp(), self.model[msg_id][2])
+        else:
+            with pytest.raises(KeyError):
+                self.q.update(msg_id, priority)
+
+    @rule(now=st.integers(-1, 32), limit=st.one_of(st.none(), st.integers(0, 5)))
+    def pop_until(self, now: int, limit: int | None) -> None:
+        due = sorted((p, s, k, i) for k, (p, s, i) in self.model.items() if p <= now)
+        if limit is not None:
+            due = due[:limit]
+        expected = [(k, i) for _, _, k, i in due]
+        assert self.q.pop_until(now, limit) == expected
+        for k, _ in expected:
+            del self.model[k]
+
+    @invariant()
+    def agrees_with_the_model(self) -> None:
+        assert len(self.q) == len(self.model)
+        assert len(self.q._heap) <= 2 * len(self.model) + 64
+        assert set(self.q) == set(self.model)
+        expected_peek = min((p for p, _, _ in self.model.values()), default=None)
+        assert self.q.peek() == expected_peek
+
+
+KeyedHeapModel.TestCase.settings = settings(
+    max_examples=50,
+    stateful_step_count=50,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_keyed_heap_matches_a_sorted_dict_model = KeyedHeapModel.TestCase
+
+
+def test_long_random_sequence_matches_a_simple_model() -> None:
+    # Enough operations to trigger compaction many times (the stateful test stays small)
+    rng = random.Random(1234)
+    q: InFlightQueue[int] = InFlightQueue()
+    model: dict[int, tuple[int, int]] = {}
+    seq = 0
+    now = 0
+    for _ in range(50_000):
+        op = rng.random()
+        msg_id = rng.randrange(2000)
+        if op < 0.4:
+            if msg_id not in model:
+                seq += 1
+                d = now + rng.randrange(100)
+                q.push(msg_id, d, msg_id)
+                model[msg_id] = (d, seq)
+        elif op < 0.7:
+            if msg_id in model:
+                q.remove(msg_id)
+                del model[msg_id]
+        elif op < 0.9:
+            if msg_id in model:
+                seq += 1
+                d = now + rng.randrange(100)
+                q.update(msg_id, d)
+                model[msg_id] = (d, seq)
+        else:
+            now += rng.randrange(10)
+            expected = sorted((v, k) for k, v in model.items() if v[0] <= now)
+            assert [k for k, _ in q.pop_expired(now)] == [k for _, k in expected]
+            for _, k in expected:
+                del model[k]
+        assert len(q) == len(model)
+        assert len(q._heap) <= 2 * len(q) + 64
