@@ -40,6 +40,7 @@ from actors.channel import ChannelActor
 from actors.client import ClientActor
 from actors.diskqueue_actor import DiskQueueActor
 from actors.nsq_errors import BrokerError, from_wire
+from actors.options import LOG_FORMAT
 from actors.placement import GATEWAY, Placement
 from actors.scanner import ScannerActor
 from actors.supervisor import Supervisor
@@ -142,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     logging.basicConfig(level=_LOG_LEVELS.get(options.log_level, logging.INFO),
-                        format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s")
+                        format=LOG_FORMAT.format(node="supervisor"))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -57,8 +57,8 @@ from actors.diskqueue_actor import (
     DqRead,
     DqUndefer,
 )
-from actors.nsq_message import is_ephemeral
 from actors.nsq_errors import BrokerError
+from actors.nsq_message import is_ephemeral
 from actors.placement import Placement
 
 log = logging.getLogger(__name__)

@@ -39,8 +39,8 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
-from actors.nsq_message import attempts_of, message_id, with_attempts
 from actors.nsq_errors import BrokerError, fin_failed, invalid, req_failed, touch_failed
+from actors.nsq_message import attempts_of, message_id, with_attempts
 from actors.pqueue import DeferredQueue, InFlightQueue
 
 DELAYED = -1

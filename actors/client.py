@@ -22,8 +22,8 @@ from typing import Any
 from actors.actor import Actor
 from actors.broker_messages import ClientError, Deliver, Fin, Rdy, Req, Sub, Touch, Unsub
 from actors.broker_options import BrokerOptions
-from actors.nsq_message import is_valid_channel_name, is_valid_topic_name
 from actors.nsq_errors import BrokerError, bad_body, bad_channel, bad_topic, invalid
+from actors.nsq_message import is_valid_channel_name, is_valid_topic_name
 from transport.envelope import message
 
 log = logging.getLogger(__name__)

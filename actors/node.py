@@ -47,7 +47,7 @@ from pykka._envelope import Envelope as PykkaEnvelope
 from actors.actor import Actor, bind_endpoint
 from actors.endpoint import Endpoint
 from actors.errors import DebugHooksDisabled, MailboxFull, RuntimeNotRunning, UnknownActor
-from actors.options import EXIT_ESCALATED, RuntimeOptions
+from actors.options import EXIT_ESCALATED, LOG_FORMAT, RuntimeOptions
 from actors.placement import Placement, split_name
 from actors.slot import ActorSlot, RestartIntensity
 from actors.system import Crash, ListActors, Ping, Spawn
@@ -219,8 +219,7 @@ def _exit_escalated(name: str) -> None:
 
 def node_main(spec: NodeSpec) -> None:
     """Entry point of a node process (the target of ``multiprocessing.Process``)."""
-    fmt = f"%(asctime)s {spec.node}[%(process)d] %(levelname)s %(message)s"
-    logging.basicConfig(level=spec.log_level, format=fmt)
+    logging.basicConfig(level=spec.log_level, format=LOG_FORMAT.format(node=spec.node))
     stop = threading.Event()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda _sig, _frame: stop.set())

@@ -5,7 +5,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-__all__ = ["EXIT_ESCALATED", "RuntimeOptions"]
+__all__ = ["EXIT_ESCALATED", "LOG_FORMAT", "RuntimeOptions"]
+
+LOG_FORMAT = ("ts=%(asctime)s level=%(levelname)s node={node} pid=%(process)d "
+              "logger=%(name)s msg=%(message)r")
+"""logfmt-style records (one key=value line each); ``{node}`` is the process's role."""
 
 EXIT_ESCALATED = 75
 """Exit code of a node whose actor exceeded the restart intensity (node restart wanted)."""

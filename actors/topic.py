@@ -44,13 +44,6 @@ from actors.broker_messages import (
 )
 from actors.broker_options import BrokerOptions
 from actors.diskqueue_actor import DqAck, DqDelete, DqEmpty, DqMessages, DqOpen, DqPut, DqRead
-from actors.nsq_message import (
-    GuidFactory,
-    encode_message,
-    is_ephemeral,
-    is_valid_channel_name,
-    is_valid_topic_name,
-)
 from actors.nsq_errors import (
     BrokerError,
     bad_body,
@@ -59,6 +52,13 @@ from actors.nsq_errors import (
     bad_topic,
     invalid,
     message_too_big,
+)
+from actors.nsq_message import (
+    GuidFactory,
+    encode_message,
+    is_ephemeral,
+    is_valid_channel_name,
+    is_valid_topic_name,
 )
 from storage.meta import write_atomic
 

@@ -30,8 +30,8 @@ from actors.client import (
     ClientSub,
     ClientTake,
 )
-from actors.nsq_message import decode_message
 from actors.nsq_errors import BrokerError
+from actors.nsq_message import decode_message
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -8,8 +8,8 @@ from collections import Counter
 import pytest
 
 from actors.channel_state import DELAYED, ChannelState
-from actors.nsq_message import GuidFactory, attempts_of, encode_message, message_id
 from actors.nsq_errors import BrokerError
+from actors.nsq_message import GuidFactory, attempts_of, encode_message, message_id
 
 SECOND = 1_000_000_000
 _guids = GuidFactory(7)

@@ -606,3 +606,18 @@ DelayedStoreMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_delayed_store_behaves_like_an_ordered_dict_model = DelayedStoreMachine.TestCase
+
+
+def test_entries_lists_everything_in_order_without_removing_it(store: DelayedStore) -> None:
+    store.add_many([(30, b"c" * 16, b"3"), (10, b"a" * 16, b"1"), (20, b"b" * 16, b"2")])
+    assert store.entries() == [(10, b"a" * 16, b"1"), (20, b"b" * 16, b"2"),
+                               (30, b"c" * 16, b"3")]
+    assert len(store) == 3
+
+
+def test_remove_many_removes_in_one_call_and_counts_what_existed(store: DelayedStore) -> None:
+    store.add_many([(1, b"a" * 16, b"1"), (2, b"b" * 16, b"2")])
+    assert store.remove_many([b"a" * 16, b"z" * 16]) == 1
+    assert store.remove_many([]) == 0
+    assert [e[1] for e in store.entries()] == [b"b" * 16]
+    assert len(store) == 1
