@@ -187,6 +187,11 @@ def bind_endpoint(endpoint: Endpoint | None) -> None:
     _endpoint_of_process = endpoint
 
 
+def current_endpoint() -> Endpoint:
+    """This process's endpoint, usable from any thread (protocol servers use it to ask)."""
+    return _endpoint()
+
+
 def _endpoint() -> Endpoint:
     endpoint = _endpoint_of_process
     if endpoint is None:

@@ -11,6 +11,7 @@ name            actor                                    process
 ``diskqueue:*`` `actors.diskqueue_actor.DiskQueueActor`  same worker as its owner
 ``scanner:i``   `actors.scanner.ScannerActor`            worker ``i``
 ``client:id``   `actors.client.ClientActor`              gateway
+``listener:p``  `actors.gateway` (``http``)              gateway
 ==============  =======================================  ========================
 
 Every node, when it starts and after every restart, creates its scanner and
@@ -23,22 +24,21 @@ actors before those close their files.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import signal
 import sys
-import tempfile
 import threading
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
 from actors.broker_messages import Publish, TopicCommand, TopicStats
-from actors.broker_options import BrokerOptions, OptionsError, parse_options
+from actors.broker_options import BrokerOptions, OptionsError, parse_options, run_dir_for
 from actors.channel import ChannelActor
 from actors.client import ClientActor
 from actors.diskqueue_actor import DiskQueueActor
+from actors.gateway import ListenerInfo, listener
 from actors.nsq_errors import BrokerError, from_wire
 from actors.options import LOG_FORMAT
 from actors.placement import GATEWAY, Placement
@@ -48,7 +48,8 @@ from actors.topic import TopicActor, topics_on_disk
 
 log = logging.getLogger("actors.broker")
 
-STOP_ORDER = ("client", "topic", "channel", "scanner")
+STOP_ORDER = ("listener", "client", "topic", "channel", "scanner")
+LISTENERS = ("http", "zmq")
 _LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
                "error": logging.ERROR, "fatal": logging.CRITICAL}
 
@@ -56,7 +57,7 @@ _LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WAR
 def boot_names(options: BrokerOptions, node: str, placement: Placement) -> list[str]:
     """The actors `node` must run from the start: its scanner and its topics on disk."""
     if node == GATEWAY:
-        return []
+        return [f"listener:{p}" for p in LISTENERS]
     index = node.rpartition("-")[2]
     topics = [f"topic:{t}" for t in topics_on_disk(options.data_path)
               if placement.node_for(f"topic:{t}") == node]
@@ -70,19 +71,8 @@ def factories(options: BrokerOptions) -> dict[str, Any]:
         "diskqueue": partial(DiskQueueActor, options=options),
         "scanner": partial(ScannerActor, options=options),
         "client": partial(ClientActor, options=options),
+        "listener": partial(listener, options=options),
     }
-
-
-def run_dir_for(data_path: str) -> str:
-    """Where the ipc sockets go: under the data path if short enough, else under /tmp.
-
-    Unix socket paths are limited to about 100 bytes.
-    """
-    candidate = os.path.join(os.path.abspath(data_path), "run")
-    if len(candidate) + 24 <= 100:
-        return candidate
-    digest = hashlib.sha256(os.path.abspath(data_path).encode()).hexdigest()[:12]
-    return os.path.join(tempfile.gettempdir(), f"zmqnsq-{digest}")
 
 
 class Broker:
@@ -103,8 +93,29 @@ class Broker:
             log_level=_LOG_LEVELS.get(o.log_level, logging.INFO))
 
     def start(self) -> Broker:
+        """Start every process; raises RuntimeError (after stopping) if a listener cannot bind."""
         self.supervisor.start()
+        try:
+            self.listeners = {p: self.supervisor.ask(f"listener:{p}", ListenerInfo(), 30)
+                              for p in LISTENERS}
+        except BaseException:
+            self.supervisor.stop()
+            raise
+        failed = [info["error"] for info in self.listeners.values() if info["error"]]
+        if failed:
+            self.supervisor.stop()
+            raise RuntimeError("; ".join(failed))
         return self
+
+    @property
+    def zmq_endpoint(self) -> str:
+        """The ZeroMQ protocol's bound endpoint (a real port when asked for port 0)."""
+        return str(self.listeners["zmq"]["endpoint"])
+
+    @property
+    def http_port(self) -> int:
+        """The HTTP API's port (the bound one when ``--http-address`` asked for port 0)."""
+        return int(self.listeners["http"]["port"])
 
     def stop(self) -> bool:
         return self.supervisor.stop()
@@ -151,8 +162,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info("starting broker: data path %s, %d workers, node id %d",
              os.path.abspath(options.data_path), broker.options.workers,
              broker.options.node_id)
-    broker.start()
-    log.info("broker running (pid %d); SIGTERM or Ctrl-C stops it", os.getpid())
+    try:
+        broker.start()
+    except RuntimeError as e:
+        log.critical("%s", e)
+        return 1
+    log.info("broker running (pid %d, HTTP on port %d); SIGTERM or Ctrl-C stops it",
+             os.getpid(), broker.http_port)
     while not stop.wait(0.5):
         pass
     log.info("stopping: flushing memory to disk")

@@ -134,13 +134,25 @@ class ClientError:
 @message
 @dataclass(frozen=True)
 class Publish:
-    """Ask: publish bodies (PUB is one body, MPUB many), deferred by `defer_ms` if > 0.
+    """Publish bodies (PUB is one body, MPUB many), deferred by `defer_ms` if > 0.
 
-    Reply: None, or a `BrokerError.to_wire()` tuple.
+    As an ask, the reply is None or a `BrokerError.to_wire()` tuple.
     """
 
     bodies: list[bytes]
     defer_ms: int = 0
+    reply_to: str = ""
+    """If set, the result is told to this actor as `PublishDone(corr, ...)` instead."""
+    corr: int = 0
+
+
+@message
+@dataclass(frozen=True)
+class PublishDone:
+    """To a client actor: the result of its `Publish` number `corr` (None = OK)."""
+
+    corr: int
+    error: tuple[str, str, bool] | None
 
 
 @message
@@ -220,6 +232,28 @@ class ScanDone:
 @dataclass(frozen=True)
 class Tick:
     """The scanner's own timer: time for a sweep."""
+
+
+@message
+@dataclass(frozen=True)
+class TopicRegister:
+    """A topic on this worker exists (the scanner keeps the worker's topic list)."""
+
+    topic: str
+
+
+@message
+@dataclass(frozen=True)
+class TopicUnregister:
+    """A topic on this worker was deleted."""
+
+    topic: str
+
+
+@message
+@dataclass(frozen=True)
+class ListTopics:
+    """Ask: the names of the topics that exist on this worker."""
 
 
 # ----------------------------------------------------------- to a client actor

@@ -42,6 +42,7 @@ import os
 import re
 import socket
 import sys
+import tempfile
 import tomllib
 import zlib
 from collections.abc import Mapping, Sequence
@@ -497,3 +498,15 @@ def _validate(o: BrokerOptions) -> None:
         )
     if o.dead_letter_topic and not is_valid_topic_name(o.dead_letter_topic):
         raise _fail("dead_letter_topic", f"{o.dead_letter_topic!r} is not a valid topic name")
+
+
+def run_dir_for(data_path: str) -> str:
+    """Where the broker's ipc sockets go: ``<data>/run`` if short enough, else under /tmp.
+
+    Unix socket paths are limited to about 100 bytes.
+    """
+    candidate = os.path.join(os.path.abspath(data_path), "run")
+    if len(candidate) + 24 <= 100:
+        return candidate
+    digest = hashlib.sha256(os.path.abspath(data_path).encode()).hexdigest()[:12]
+    return os.path.join(tempfile.gettempdir(), f"zmqnsq-{digest}")

@@ -5,11 +5,17 @@ the RDY count, the negotiated message timeout -- validates the client's
 commands against the broker's limits, and forwards them to the channel.
 Channels send it ``Deliver`` batches and ``ClientError``s.
 
-What reaches the client goes through an *outbox*: a bounded queue of
-``("message", channel, encoded)`` and ``("error", (code, text, fatal))``
-entries.  Protocol loops (next issue) drain it onto their sockets; tests and
-embedders call ``ClientTake``.  A fatal error ends the subscription, as nsqd
-closes the connection.
+Publishes are pipelined: ``ClientPub`` becomes a ``Publish`` told to the
+topic with this actor as ``reply_to``; the topic answers ``PublishDone`` and
+the answers are sent back in request order (NSQ V2 has no correlation ids,
+and a client's publishes may go to topics on different workers).
+
+What reaches the client goes to its :class:`~actors.connections.Connection`
+when a protocol server registered one, otherwise to an *outbox* of
+``("message", channel, encoded)``, ``("ok", corr)`` and
+``("error", (code, text, fatal))`` entries that tests and embedders drain
+with ``ClientTake``.  A fatal error ends the subscription and closes the
+connection, as nsqd does.
 """
 
 from __future__ import annotations
@@ -19,8 +25,20 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from actors import connections
 from actors.actor import Actor
-from actors.broker_messages import ClientError, Deliver, Fin, Rdy, Req, Sub, Touch, Unsub
+from actors.broker_messages import (
+    ClientError,
+    Deliver,
+    Fin,
+    Publish,
+    PublishDone,
+    Rdy,
+    Req,
+    Sub,
+    Touch,
+    Unsub,
+)
 from actors.broker_options import BrokerOptions
 from actors.nsq_errors import BrokerError, bad_body, bad_channel, bad_topic, invalid
 from actors.nsq_message import is_valid_channel_name, is_valid_topic_name
@@ -71,6 +89,17 @@ class ClientTouch:
 
 @message
 @dataclass(frozen=True)
+class ClientPub:
+    """PUB / MPUB / DPUB from the client; answered OK or with an error, in order."""
+
+    topic: str
+    bodies: list[bytes]
+    defer_ms: int = 0
+    corr: bytes | None = None
+
+
+@message
+@dataclass(frozen=True)
 class ClientClose:
     """CLS or a dropped connection: in-flight messages go back to the channel at once."""
 
@@ -100,6 +129,9 @@ class ClientActor(Actor):
         self.rdy = 0
         self.outbox: deque[tuple[Any, ...]] = deque()
         self.closed = False
+        self.pub_seq = 0
+        self.pubs: deque[tuple[int, bytes | None]] = deque()  # waiting answers, in order
+        self.pub_done: dict[int, Any] = {}
 
     def on_stop(self) -> None:
         self._leave()
@@ -107,7 +139,14 @@ class ClientActor(Actor):
     def on_receive(self, msg: Any) -> Any:
         match msg:
             case Deliver(channel=channel, messages=messages):
-                self.outbox.extend(("message", channel, m) for m in messages)
+                conn = connections.lookup(self.name)
+                if conn is not None:
+                    conn.deliver(channel, list(messages))
+                else:
+                    self.outbox.extend(("message", channel, m) for m in messages)
+            case PublishDone(corr=seq, error=error):
+                self.pub_done[seq] = error
+                self._answer_publishes()
             case ClientError(error=error):
                 self._error(BrokerError(error[1], fatal=error[2], code=error[0]))
             case ClientTake(limit=limit):
@@ -160,6 +199,13 @@ class ClientActor(Actor):
             case ClientTouch(id=msg_id):
                 self._require_sub("TOUCH")
                 self.tell(self.channel, Touch(self.name, msg_id))
+            case ClientPub(topic=topic, bodies=bodies, defer_ms=defer_ms, corr=corr):
+                if not is_valid_topic_name(topic):
+                    raise bad_topic(topic, "DPUB" if defer_ms else "PUB")
+                self.pub_seq += 1
+                self.pubs.append((self.pub_seq, corr))
+                self.tell(f"topic:{topic}", Publish(list(bodies), defer_ms, self.name,
+                                                    self.pub_seq))
             case ClientClose():
                 self._leave()
                 self.closed = True
@@ -170,11 +216,32 @@ class ClientActor(Actor):
         if self.channel is None:
             raise invalid(f"cannot {verb} in current state")
 
-    def _error(self, error: BrokerError) -> None:
-        self.outbox.append(("error", error.to_wire()))
+    def _answer_publishes(self) -> None:
+        while self.pubs and self.pubs[0][0] in self.pub_done:
+            seq, corr = self.pubs.popleft()
+            error = self.pub_done.pop(seq)
+            if error is not None:
+                self._error(BrokerError(error[1], fatal=error[2], code=error[0]), corr)
+                continue
+            conn = connections.lookup(self.name)
+            if conn is not None:
+                conn.respond(corr, None)
+            else:
+                self.outbox.append(("ok", corr))
+
+    def _error(self, error: BrokerError, corr: bytes | None = None) -> None:
+        conn = connections.lookup(self.name)
+        if conn is not None and corr is not None:
+            conn.respond(corr, error.to_wire())
+        elif conn is not None:
+            conn.error(error.to_wire())
+        else:
+            self.outbox.append(("error", error.to_wire()))
         if error.fatal:
             self._leave()
             self.closed = True
+            if conn is not None:
+                conn.close()
 
     def _leave(self) -> None:
         if self.channel is not None:

@@ -6,7 +6,7 @@ An actor is addressed by a stable name ``kind:key``: ``topic:orders``,
 ``channel:orders/archive``, ``diskqueue:orders/archive``, ``client:42``.
 Nodes are named ``gateway`` and ``worker-0`` .. ``worker-{N-1}``.
 
-* ``client:*`` lives on the gateway (it owns the client sockets).
+* ``client:*`` and ``listener:*`` live on the gateway (it owns the client sockets).
 * Names whose kind is *pinned* (``scanner`` by default) carry a worker index
   as key: ``scanner:1`` lives on ``worker-1`` (one per worker).
 * Names whose kind is *topic-keyed* (``topic``, ``channel``, ``diskqueue`` by
@@ -26,13 +26,24 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterable
 
-__all__ = ["GATEWAY", "PINNED_KINDS", "TOPIC_KINDS", "Placement", "split_name", "worker_name"]
+__all__ = [
+    "GATEWAY",
+    "GATEWAY_KINDS",
+    "PINNED_KINDS",
+    "TOPIC_KINDS",
+    "Placement",
+    "split_name",
+    "worker_name",
+]
 
 GATEWAY = "gateway"
 """Node name of the gateway process."""
 
 TOPIC_KINDS = frozenset({"topic", "channel", "diskqueue"})
 """Name kinds whose key starts with a topic name."""
+
+GATEWAY_KINDS = frozenset({"client", "listener"})
+"""Name kinds that live on the gateway (client connections and protocol listeners)."""
 
 PINNED_KINDS = frozenset({"scanner"})
 """Name kinds whose key is a worker index (one such actor per worker)."""
@@ -78,7 +89,7 @@ class Placement:
         node = self._cache.get(name)
         if node is None:
             kind, key = split_name(name)
-            if kind == "client":
+            if kind in GATEWAY_KINDS:
                 node = GATEWAY
             elif kind in PINNED_KINDS and key.isdigit():
                 node = self._nodes[int(key) % self.workers]

@@ -1,6 +1,7 @@
 """The scanner actor: nsqd's queueScanLoop, as messages (`scanner:<worker index>`).
 
-One scanner runs on every worker and sweeps the channels hosted there.
+One scanner runs on every worker and sweeps the channels hosted there (it
+also keeps the list of the worker's topics, for ``/stats``).
 Every ``--queue-scan-interval`` (a timer thread tells the actor ``Tick``) it
 picks up to ``--queue-scan-selection-count`` random channels and sends each
 ``Scan(now)``; a channel processes its in-flight and deferred queues for
@@ -24,7 +25,16 @@ from collections import deque
 from typing import Any
 
 from actors.actor import Actor
-from actors.broker_messages import Scan, ScanDone, ScanRegister, ScanUnregister, Tick
+from actors.broker_messages import (
+    ListTopics,
+    Scan,
+    ScanDone,
+    ScanRegister,
+    ScanUnregister,
+    Tick,
+    TopicRegister,
+    TopicUnregister,
+)
 from actors.broker_options import BrokerOptions
 
 log = logging.getLogger(__name__)
@@ -83,6 +93,7 @@ class ScannerActor(Actor):
         self.options = options
         self.clock = clock
         self.channels: set[str] = set()
+        self.topics: set[str] = set()
         self.round: ScanRound | None = None
         self.round_started = 0.0
         self.rng = random.Random()
@@ -110,6 +121,12 @@ class ScannerActor(Actor):
         match msg:
             case ScanRegister(channel=channel):
                 self.channels.add(channel)
+            case TopicRegister(topic=topic):
+                self.topics.add(topic)
+            case TopicUnregister(topic=topic):
+                self.topics.discard(topic)
+            case ListTopics():
+                return sorted(self.topics)
             case ScanUnregister(channel=channel):
                 self.channels.discard(channel)
                 if self.round is not None:

@@ -38,11 +38,15 @@ from actors.broker_messages import (
     ChannelStats,
     ChannelUp,
     Publish,
+    PublishDone,
     PublishEncoded,
     TopicCommand,
+    TopicRegister,
     TopicStats,
+    TopicUnregister,
 )
 from actors.broker_options import BrokerOptions
+from actors.channel import scanner_for
 from actors.diskqueue_actor import DqAck, DqDelete, DqEmpty, DqMessages, DqOpen, DqPut, DqRead
 from actors.nsq_errors import (
     BrokerError,
@@ -116,7 +120,7 @@ class TopicActor(Actor):
             return
         meta = self._read_meta()
         if meta is not None:
-            self.exists = True
+            self._mark_exists()
             self.paused = bool(meta.get("paused", False))
             self.channels = {c: bool(v.get("paused", False))
                              for c, v in meta.get("channels", {}).items()
@@ -149,8 +153,16 @@ class TopicActor(Actor):
                         self.name, self.meta_path)
             return None
 
+    def _mark_exists(self) -> None:
+        if not self.exists:
+            self.exists = True
+            self.tell(self._scanner(), TopicRegister(self.topic))
+
+    def _scanner(self) -> str:
+        return scanner_for(self.topic, self.options.workers)
+
     def _write_meta(self) -> None:
-        self.exists = True
+        self._mark_exists()
         if self.ephemeral:
             return
         os.makedirs(self.options.data_path, exist_ok=True)
@@ -162,8 +174,11 @@ class TopicActor(Actor):
 
     def on_receive(self, msg: Any) -> Any:
         match msg:
-            case Publish(bodies=bodies, defer_ms=defer_ms):
-                return self._guard(lambda: self._publish(list(bodies), defer_ms))
+            case Publish(bodies=bodies, defer_ms=defer_ms, reply_to=reply_to, corr=corr):
+                result = self._guard(lambda: self._publish(list(bodies), defer_ms))
+                if not reply_to:
+                    return result
+                self.tell(reply_to, PublishDone(corr, result))
             case PublishEncoded(messages=messages):
                 self._ensure_exists()
                 self.message_count += len(messages)
@@ -292,6 +307,8 @@ class TopicActor(Actor):
         self.tell(self._channel_name(channel), ChannelCommand(command))
 
     def _command(self, command: str, arg: str) -> None:
+        if not self.exists and command not in {"hello", "create_channel"}:
+            raise BrokerError(f"topic {self.topic} not found", code="E_TOPIC_NOT_FOUND")
         if command in {"create_channel", "delete_channel", "pause_channel", "unpause_channel",
                        "empty_channel"} and not is_valid_channel_name(arg):
             raise bad_channel(arg, command.upper())
@@ -344,6 +361,8 @@ class TopicActor(Actor):
             self._delete_topic()
 
     def _delete_topic(self) -> None:
+        if self.exists:
+            self.tell(self._scanner(), TopicUnregister(self.topic))
         for channel in list(self.channels):
             self._channel(channel, "delete")
         if not self.ephemeral:

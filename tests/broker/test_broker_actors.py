@@ -102,6 +102,7 @@ def start_broker(tmp_path) -> Iterator[Callable[..., Broker]]:
         options.setdefault("workers", 1)
         options.setdefault("queue_scan_interval", 0.02)
         options.setdefault("log_level", "warn")
+        options.setdefault("http_address", "127.0.0.1:0")
         b = Broker(BrokerOptions(**options)).start()
         running.append(b)
         return b
@@ -278,11 +279,14 @@ def test_pause_empty_and_delete(start_broker, tmp_path):
     assert _stats(b, "t")["depth"] == 1
     b.topic_command("t", "unpause")
     c.wait_messages(2)
+    with pytest.raises(BrokerError) as e:
+        b.topic_command("t", "delete_channel", "nope")
+    assert e.value.code == "E_CHANNEL_NOT_FOUND"
     b.topic_command("t", "delete")
     assert not (tmp_path / "data" / "t.topic.json").exists()
     with pytest.raises(BrokerError) as e:
         b.topic_command("t", "delete_channel", "c")
-    assert e.value.code == "E_CHANNEL_NOT_FOUND"
+    assert e.value.code == "E_TOPIC_NOT_FOUND"
 
 
 def test_a_clean_stop_and_start_loses_nothing_and_restores_topics_and_channels(start_broker):
@@ -334,7 +338,8 @@ def test_python_m_actors_broker_runs_and_stops_cleanly_on_sigterm(tmp_path):
                          capture_output=True, text=True, timeout=30, check=True)
     assert out.stdout.strip()
     proc = subprocess.Popen([sys.executable, "-m", "actors.broker", "--data-path", str(data),
-                             "--workers", "1", "--log-level", "info"],
+                             "--workers", "1", "--log-level", "info",
+                             "--http-address", "127.0.0.1:0"],
                             stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stderr is not None

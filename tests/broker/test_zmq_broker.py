@@ -1,0 +1,117 @@
+"""The ZeroMQ protocol end to end: the Python client library against a running broker."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import zmq
+
+from actors.broker import Broker
+from actors.broker_options import BrokerOptions
+from tests.broker.test_broker_actors import wait_for
+from transport import protocol_commands as pc
+from transport.client import BrokerRefused, Consumer, Message, Producer, PublishError
+from transport.zmq_protocol import Messages, encode_request, parse_reply
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory) -> Iterator[Broker]:
+    data = tmp_path_factory.mktemp("zmq") / "data"
+    b = Broker(BrokerOptions(data_path=str(data), workers=2, http_address="127.0.0.1:0",
+                             zmq_address="tcp://127.0.0.1:0", queue_scan_interval=0.02,
+                             log_level="warn")).start()
+    yield b
+    b.stop()
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, m: Message) -> None:
+        with self.lock:
+            self.bodies.append(m.body)
+
+
+def test_what_a_producer_publishes_a_consumer_receives(broker):
+    got = Collector()
+    with Consumer("zt", "c", got, broker.zmq_endpoint, max_in_flight=50) as _, \
+            Producer(broker.zmq_endpoint) as p:
+        wait_for(lambda: broker.topic_stats("zt")["channels"], what="channel")
+        p.publish("zt", b"one")
+        p.multi_publish("zt", [b"two", b"three"])
+        p.publish_batch("zt", [b"b%d" % i for i in range(500)], batch_size=100)
+        p.deferred_publish("zt", 100, b"later")
+        wait_for(lambda: len(got.bodies) == 504, what="504 messages")
+    assert sorted(got.bodies) == sorted([b"one", b"two", b"three", b"later",
+                                         *(b"b%d" % i for i in range(500))])
+    stats = broker.topic_stats("zt")["channels"][0]
+    assert stats["in_flight_count"] == 0
+    assert stats["depth"] == 0
+
+
+def test_a_refused_publish_raises_with_nsqds_code(broker):
+    with Producer(broker.zmq_endpoint) as p, pytest.raises(BrokerRefused) as e:
+        p.publish("bad topic!", b"x")
+    assert e.value.code == "E_BAD_TOPIC"
+
+
+def test_a_failing_handler_gets_the_message_again(broker):
+    attempts: list[int] = []
+
+    def flaky(m: Message) -> None:
+        attempts.append(m.attempts)
+        if m.attempts == 1:
+            raise RuntimeError("not yet")
+
+    with Consumer("flaky", "c", flaky, broker.zmq_endpoint, max_requeue_delay_ms=50) as _, \
+            Producer(broker.zmq_endpoint) as p:
+        wait_for(lambda: broker.topic_stats("flaky")["channels"], what="channel")
+        p.publish("flaky", b"x")
+        wait_for(lambda: attempts == [1, 2], what="a second delivery")
+
+
+def test_a_silent_session_is_dropped_and_its_messages_go_to_another_consumer(broker):
+    # Given a raw session that takes a message and then never speaks again
+    ctx = zmq.Context()
+    raw = ctx.socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(broker.zmq_endpoint)
+    try:
+        raw.send_multipart(encode_request(pc.Identify({"heartbeat_interval": 1000}), b"#1"))
+        raw.send_multipart(encode_request(pc.Sub("silent", "c"), b"#2"))
+        raw.send_multipart(encode_request(pc.Rdy(10)))
+        wait_for(lambda: broker.topic_stats("silent")["channels"], what="channel")
+        with Producer(broker.zmq_endpoint) as p:
+            p.publish("silent", b"held")
+        deadline = time.monotonic() + 10
+        held = None
+        while held is None and time.monotonic() < deadline:
+            if raw.poll(100):
+                reply = parse_reply(raw.recv_multipart())
+                if isinstance(reply, Messages):
+                    held = reply.messages[0]
+        assert held is not None
+        # When it stays silent for two heartbeat intervals, a new consumer gets the message
+        got = Collector()
+        with Consumer("silent", "c", got, broker.zmq_endpoint):
+            wait_for(lambda: got.bodies == [b"held"], timeout=15, what="redelivery")
+    finally:
+        raw.close(linger=0)
+        ctx.term()
+
+
+def test_a_producer_skips_a_dead_broker_and_fails_loudly_when_all_are_dead(broker):
+    dead = "tcp://127.0.0.1:9"  # discard port: nothing answers
+    with Producer([dead, broker.zmq_endpoint], timeout=0.5) as p:
+        for i in range(4):
+            p.publish("rr", b"%d" % i)
+        assert p.retried >= 1
+    with Producer(dead, timeout=0.2, max_attempts=2) as p, pytest.raises(PublishError):
+        p.publish("rr", b"lost?")

@@ -1,0 +1,343 @@
+"""The Python client library, over the broker's ZeroMQ protocol (docs/PROTOCOL.md).
+
+``Producer`` publishes with acknowledgements; ``Consumer`` subscribes a
+handler.  Both talk to one or more brokers (``tcp://host:port`` endpoints)
+through DEALER sockets and use the sans-IO codec in
+:mod:`transport.zmq_protocol`.
+
+Theory of operation
+-------------------
+**Producer.**  Every request carries a correlation frame (``#<n>``), so a
+producer can keep many requests in flight on one socket and match each OK or
+ERROR to its request: ``publish`` waits for its own answer, and
+``publish_batch`` sends its batches as several MPUBs back to back and then
+collects all the answers (internal batching: one round trip for a whole
+batch of batches).  Brokers are used round-robin.  A broker that does not
+answer in ``timeout`` seconds is marked down for a capped exponential
+backoff and the request is retried on the next broker; when every broker has
+failed ``max_attempts`` times the call raises ``PublishError`` -- a publish
+is never dropped silently.  A broker's refusal (``ERROR E_BAD_TOPIC ...``)
+is raised at once as ``BrokerRefused`` with nsqd's code.
+
+**Consumer.**  One thread per broker runs a session: IDENTIFY (heartbeat
+interval, message timeout), SUB, RDY, then a poll loop.  ``max_in_flight``
+is spread across the brokers as RDY.  Each delivered message goes to the
+handler; a handler that returns normally FINs the message (FINs are batched
+per poll round), one that raises REQs it with a backoff that grows with its
+attempts (as go-nsq does), and a long handler can call ``message.touch()``.
+HEARTBEATs are answered with NOP; a broker silent for two heartbeat intervals
+is treated as gone and the session is rebuilt with capped backoff.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from transport import protocol_commands as pc
+from transport.protocol_common import ProtocolError
+from transport.zmq_protocol import ErrorReply, Messages, Ok, encode_request, parse_reply
+
+log = logging.getLogger(__name__)
+
+
+class ClientError(Exception):
+    """Root of the client library's errors."""
+
+
+class PublishError(ClientError):
+    """No broker accepted the publish within the retries (nothing was dropped silently)."""
+
+
+class BrokerRefused(ClientError):
+    """A broker answered ERROR: ``code`` is nsqd's (``E_BAD_TOPIC``, ...)."""
+
+    def __init__(self, code: str, text: str) -> None:
+        super().__init__(f"{code} {text}")
+        self.code = code
+        self.text = text
+
+
+def _socket(ctx: zmq.Context[Any], endpoint: str) -> zmq.Socket[Any]:
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    return sock
+
+
+@dataclass
+class _Broker:
+    endpoint: str
+    sock: zmq.Socket[Any] | None = None
+    down_until: float = 0.0
+    failures: int = 0
+
+
+class Producer:
+    """Publishes to one or more brokers with acknowledgements; see the module docstring."""
+
+    def __init__(self, endpoints: str | Sequence[str], *, timeout: float = 5.0,
+                 max_attempts: int = 3, max_backoff: float = 5.0) -> None:
+        eps = [endpoints] if isinstance(endpoints, str) else list(endpoints)
+        if not eps:
+            raise ValueError("need at least one broker endpoint")
+        self._ctx: zmq.Context[Any] = zmq.Context()
+        self._brokers = [_Broker(e) for e in eps]
+        self._next = itertools.cycle(range(len(eps)))
+        self._corr = itertools.count(1)
+        self.timeout = timeout
+        self.max_attempts = max_attempts
+        self.max_backoff = max_backoff
+        self.retried = 0
+
+    def publish(self, topic: str, body: bytes) -> None:
+        self._call([pc.Pub(topic, body)])
+
+    def multi_publish(self, topic: str, bodies: Sequence[bytes]) -> None:
+        self._call([pc.Mpub(topic, tuple(bodies))])
+
+    def deferred_publish(self, topic: str, delay_ms: int, body: bytes) -> None:
+        self._call([pc.Dpub(topic, delay_ms, body)])
+
+    def publish_batch(self, topic: str, bodies: Sequence[bytes], batch_size: int = 200) -> None:
+        """Publish many bodies as MPUBs of `batch_size`, pipelined: one wait for all."""
+        commands = [pc.Mpub(topic, tuple(bodies[i : i + batch_size]))
+                    for i in range(0, len(bodies), batch_size)]
+        if commands:
+            self._call(commands)
+
+    def _call(self, commands: list[Any]) -> None:
+        last_error: Exception | None = None
+        for _ in range(self.max_attempts * len(self._brokers)):
+            broker = self._pick()
+            try:
+                self._roundtrip(broker, commands)
+                broker.failures = 0
+                return
+            except TimeoutError as e:
+                last_error = e
+                self.retried += 1
+                broker.failures += 1
+                broker.down_until = time.monotonic() + min(
+                    self.max_backoff, 0.05 * 2 ** broker.failures)
+                self._reset(broker)
+        raise PublishError(f"no broker acknowledged the publish: {last_error}")
+
+    def _pick(self) -> _Broker:
+        now = time.monotonic()
+        for _ in range(len(self._brokers)):
+            b = self._brokers[next(self._next)]
+            if b.down_until <= now:
+                return b
+        b = min(self._brokers, key=lambda x: x.down_until)
+        time.sleep(max(0.0, b.down_until - now))
+        return b
+
+    def _reset(self, broker: _Broker) -> None:
+        if broker.sock is not None:
+            broker.sock.close(linger=0)
+            broker.sock = None
+
+    def _roundtrip(self, broker: _Broker, commands: list[Any]) -> None:
+        if broker.sock is None:
+            broker.sock = _socket(self._ctx, broker.endpoint)
+        sock = broker.sock
+        waiting: dict[bytes, Any] = {}
+        for command in commands:
+            corr = b"#%d" % next(self._corr)
+            waiting[corr] = command
+            sock.send_multipart(encode_request(command, corr))
+        deadline = time.monotonic() + self.timeout
+        refused: BrokerRefused | None = None
+        while waiting:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not sock.poll(int(remaining * 1000) + 1):
+                raise TimeoutError(f"{broker.endpoint} did not answer in {self.timeout}s")
+            reply = parse_reply(sock.recv_multipart())
+            corr = getattr(reply, "corr", None)
+            if corr not in waiting:
+                continue  # a heartbeat, or the answer to a request that timed out earlier
+            del waiting[corr]
+            if isinstance(reply, ErrorReply):
+                refused = refused or BrokerRefused(reply.error.code, reply.error.text)
+        if refused is not None:
+            raise refused
+
+    def close(self) -> None:
+        for b in self._brokers:
+            self._reset(b)
+        self._ctx.term()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass
+class Message:
+    """A delivered message; FIN/REQ/TOUCH go back to the broker that sent it."""
+
+    id: bytes
+    body: bytes
+    timestamp: int
+    attempts: int
+    _session: _Session = field(repr=False)
+    responded: bool = False
+
+    def finish(self) -> None:
+        if not self.responded:
+            self.responded = True
+            self._session.fins.append(self.id)
+
+    def requeue(self, delay_ms: int = 0) -> None:
+        if not self.responded:
+            self.responded = True
+            self._session.send(pc.Req(self.id, delay_ms))
+
+    def touch(self) -> None:
+        self._session.send(pc.Touch(self.id))
+
+
+class _Session:
+    """One consumer connection to one broker, run by its own thread."""
+
+    def __init__(self, consumer: Consumer, endpoint: str, rdy: int) -> None:
+        self.consumer = consumer
+        self.endpoint = endpoint
+        self.rdy = rdy
+        self.fins: list[bytes] = []
+        self.sock: zmq.Socket[Any] | None = None
+        self.thread = threading.Thread(target=self.run, name=f"consumer-{endpoint}", daemon=True)
+
+    def send(self, command: Any, corr: bytes | None = None) -> None:
+        assert self.sock is not None
+        self.sock.send_multipart(encode_request(command, corr))
+
+    def run(self) -> None:
+        backoff = 0.05
+        c = self.consumer
+        while not c.stopping.is_set():
+            try:
+                self._session()
+                backoff = 0.05
+            except (TimeoutError, zmq.ZMQError, BrokerRefused) as e:
+                log.warning("consumer session with %s ended: %s", self.endpoint, e)
+            if self.sock is not None:
+                self.sock.close(linger=0)
+                self.sock = None
+            c.stopping.wait(backoff)
+            backoff = min(c.max_backoff, backoff * 2)
+
+    def _session(self) -> None:
+        c = self.consumer
+        self.sock = _socket(c.ctx, self.endpoint)
+        hb = c.heartbeat_interval_ms
+        self.send(pc.Identify({"client_id": c.client_id, "heartbeat_interval": hb,
+                               "msg_timeout": c.msg_timeout_ms,
+                               "user_agent": "zmqnsq-python/0.1"}), b"#identify")
+        self.send(pc.Sub(c.topic, c.channel), b"#sub")
+        self.send(pc.Rdy(self.rdy))
+        last_heard = time.monotonic()
+        closing = False
+        while True:
+            if c.stopping.is_set() and not closing:
+                self.send(pc.Cls(), b"#cls")
+                closing = True
+            if not self.sock.poll(100):
+                if self.fins:
+                    self._flush()
+                if time.monotonic() - last_heard > 2 * hb / 1000:
+                    raise TimeoutError(f"{self.endpoint} silent for two heartbeat intervals")
+                if closing:
+                    return
+                continue
+            last_heard = time.monotonic()
+            reply = parse_reply(self.sock.recv_multipart())
+            if isinstance(reply, Messages):
+                for m in reply.messages:
+                    self._handle(m)
+                self._flush()
+            elif isinstance(reply, ErrorReply):
+                if reply.error.fatal:
+                    raise BrokerRefused(reply.error.code, reply.error.text)
+                log.info("broker %s: %s", self.endpoint, reply.error)
+            elif isinstance(reply, Ok):
+                if closing and reply.corr == b"#cls":
+                    return
+            elif isinstance(reply, ProtocolError):
+                raise TimeoutError(f"{self.endpoint} sent a malformed reply: {reply}")
+            else:  # HEARTBEAT
+                self.send(pc.Nop())
+
+    def _handle(self, raw: Any) -> None:
+        c = self.consumer
+        msg = Message(raw.id, raw.body, raw.timestamp, raw.attempts, self)
+        try:
+            c.handler(msg)
+        except Exception:  # the handler failed: REQ with a backoff, as go-nsq does
+            log.exception("handler failed on message %s (attempt %d)", raw.id, raw.attempts)
+            msg.requeue(min(c.max_requeue_delay_ms, 100 * 2 ** min(raw.attempts, 16)))
+            return
+        msg.finish()
+        c.handled += 1
+
+    def _flush(self) -> None:
+        fins, self.fins = self.fins, []
+        for i in range(0, len(fins), 500):
+            self.send(pc.Fin(tuple(fins[i : i + 500])))
+
+
+class Consumer:
+    """Subscribes `handler(message)` to `topic`/`channel` on every broker; see the docstring."""
+
+    def __init__(self, topic: str, channel: str, handler: Callable[[Message], None],
+                 endpoints: str | Sequence[str], *, max_in_flight: int = 200,
+                 heartbeat_interval_ms: int = 5000, msg_timeout_ms: int = 60_000,
+                 max_requeue_delay_ms: int = 60_000, max_backoff: float = 5.0,
+                 client_id: str | None = None) -> None:
+        eps = [endpoints] if isinstance(endpoints, str) else list(endpoints)
+        if not eps:
+            raise ValueError("need at least one broker endpoint")
+        self.topic, self.channel, self.handler = topic, channel, handler
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.msg_timeout_ms = msg_timeout_ms
+        self.max_requeue_delay_ms = max_requeue_delay_ms
+        self.max_backoff = max_backoff
+        self.client_id = client_id or f"py-{random.getrandbits(32):08x}"
+        self.ctx: zmq.Context[Any] = zmq.Context()
+        self.stopping = threading.Event()
+        self.handled = 0
+        per = max(1, max_in_flight // len(eps))
+        self.sessions = [_Session(self, e, per) for e in eps]
+
+    def start(self) -> Consumer:
+        for s in self.sessions:
+            s.thread.start()
+        return self
+
+    def close(self, timeout: float = 5.0) -> None:
+        """CLS every session, wait for the threads, close the sockets."""
+        self.stopping.set()
+        for s in self.sessions:
+            if s.thread.is_alive():
+                s.thread.join(timeout)
+        self.ctx.term()
+
+    def __enter__(self) -> Consumer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["BrokerRefused", "ClientError", "Consumer", "Message", "Producer", "PublishError"]
