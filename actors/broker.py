@@ -49,7 +49,7 @@ from actors.topic import TopicActor, topics_on_disk
 log = logging.getLogger("actors.broker")
 
 STOP_ORDER = ("listener", "client", "topic", "channel", "scanner")
-LISTENERS = ("http", "zmq")
+LISTENERS = ("http", "zmq", "tcp")
 _LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
                "error": logging.ERROR, "fatal": logging.CRITICAL}
 
@@ -110,7 +110,12 @@ class Broker:
     @property
     def zmq_endpoint(self) -> str:
         """The ZeroMQ protocol's bound endpoint (a real port when asked for port 0)."""
-        return str(self.listeners["zmq"]["endpoint"])
+        return str(self.listeners["zmq"]["address"])
+
+    @property
+    def tcp_address(self) -> str:
+        """The NSQ TCP protocol's bound ``host:port``."""
+        return str(self.listeners["tcp"]["address"])
 
     @property
     def http_port(self) -> int:

@@ -39,8 +39,8 @@ from actors.client import (
 )
 from actors.control import ControlClient
 from actors.placement import Placement
+from transport import nsq_v2, zmq_protocol
 from transport import protocol_commands as pc
-from transport import zmq_protocol
 from transport.envelope import message
 from transport.identify import ServerInfo
 from transport.protocol_common import Limits, ProtocolError
@@ -151,12 +151,12 @@ def listener(name: str, options: BrokerOptions) -> Actor:
     kind = name.partition(":")[2]
     if kind == "http":
         return HttpListener(name, options)
-    if kind == "zmq":
-        return ZmqListener(name, options)
+    if kind in {"zmq", "tcp"}:
+        return SocketListener(name, options)
     raise ValueError(f"no listener for protocol {kind!r}")
 
 
-# ------------------------------------------------------------------- ZeroMQ
+# ------------------------------------------------------- ZeroMQ and NSQ TCP
 
 
 class ZmqConnection:
@@ -173,9 +173,8 @@ class ZmqConnection:
         if error is None:
             self.server.send(self.session, zmq_protocol.encode_ok(corr, payload))
         else:
-            code, text, fatal = error
             self.server.send(self.session, zmq_protocol.encode_error(
-                corr, ProtocolError(code, text, fatal=fatal)))
+                corr, ProtocolError(error[0], error[1], fatal=error[2])))
 
     def error(self, error: Any) -> None:
         self.respond(None, error)
@@ -184,21 +183,45 @@ class ZmqConnection:
         self.server.drop(self.session)
 
 
-class ZmqBridge:
-    """Turns a ZeroMQ session's commands into messages to its `client:z<session>` actor."""
+class TcpConnection:
+    """An NSQ TCP V2 connection as a client actor's `Connection`."""
 
-    def __init__(self, options: BrokerOptions) -> None:
-        self.options = options
+    def __init__(self, server: Any, session: str) -> None:
+        self.server = server
+        self.session = session
+
+    def deliver(self, channel: str, messages: list[bytes]) -> None:
+        self.server.send(self.session, nsq_v2.encode_messages(messages))
+
+    def respond(self, corr: bytes | None, error: Any, payload: bytes | None = None) -> None:
+        if error is None:
+            self.server.send(self.session, nsq_v2.encode_response(payload or b"OK"))
+        else:
+            self.error(error)
+
+    def error(self, error: Any) -> None:
+        self.server.send(self.session, nsq_v2.encode_error(
+            ProtocolError(error[0], error[1], fatal=error[2])))
+
+    def close(self) -> None:
+        self.server.drop(self.session)
+
+
+class ProtocolBridge:
+    """Turns a session's commands into messages to its `client:<prefix><session>` actor."""
+
+    def __init__(self, prefix: str, connection: Any) -> None:
+        self.prefix = prefix
+        self.connection = connection
         self.server: Any = None
 
-    @staticmethod
-    def actor_name(session: str) -> str:
-        return f"client:z{session}"
+    def actor_name(self, session: str) -> str:
+        return f"client:{self.prefix}{session}"
 
     def on_command(self, session: str, corr: bytes | None, command: Any) -> None:
         name = self.actor_name(session)
         if connections.lookup(name) is None:
-            connections.register(name, ZmqConnection(self.server, session))
+            connections.register(name, self.connection(self.server, session))
         msg = to_client_message(command, corr)
         if msg is not None:
             current_endpoint().tell(name, msg)
@@ -236,32 +259,49 @@ def to_client_message(command: Any, corr: bytes | None) -> Any:
             return None
 
 
-class ZmqListener(Actor):
-    """`listener:zmq`: our native protocol (docs/PROTOCOL.md) on ``--zmq-address``."""
+class SocketListener(Actor):
+    """`listener:zmq` (docs/PROTOCOL.md) or `listener:tcp` (NSQ TCP V2): a socket loop
+    started in ``on_start`` with a `ProtocolBridge` to the client actors."""
 
     def __init__(self, name: str, options: BrokerOptions) -> None:
         super().__init__(name)
         self.options = options
+        self.protocol = name.partition(":")[2]
         self.server: Any = None
         self.error: str | None = None
-        self.endpoint = options.zmq_address
+        self.address = (options.zmq_address if self.protocol == "zmq"
+                        else options.tcp_address)
+
+    def _make_server(self, bridge: ProtocolBridge) -> Any:
+        limits = Limits.from_options(self.options)
+        info = ServerInfo(version=_version())
+        if self.protocol == "zmq":
+            from transport.zmq_server import ZmqServer  # noqa: PLC0415
+
+            return ZmqServer(self.options.zmq_address, bridge, limits=limits, server=info)
+        from transport.tcp_server import TcpServer  # noqa: PLC0415
+
+        host, port = split_address(self.options.tcp_address)
+        return TcpServer(host, port, bridge, limits=limits, info=info)
 
     def on_start(self) -> None:
-        from transport.zmq_server import ZmqServer  # noqa: PLC0415
-
-        bridge = ZmqBridge(self.options)
+        bridge = ProtocolBridge("z" if self.protocol == "zmq" else "t",
+                                ZmqConnection if self.protocol == "zmq" else TcpConnection)
         try:
-            self.server = ZmqServer(self.options.zmq_address, bridge,
-                                    limits=Limits.from_options(self.options),
-                                    server=ServerInfo(version=_version()))
+            self.server = self._make_server(bridge)
             bridge.server = self.server
-            self.endpoint = self.server.start()
+            bound = self.server.start()
         except Exception as e:  # reported by ListenerInfo: never a crash loop
-            self.error = f"listen ({self.options.zmq_address}) failed: {e}"
+            self.error = f"listen ({self.address}) failed: {e}"
             log.error("%s", self.error)
             self.server = None
             return
-        log.info("ZeroMQ protocol listening on %s", self.endpoint)
+        if self.protocol == "tcp":
+            host, _ = split_address(self.address)
+            self.address = f"{host}:{bound}"
+        else:
+            self.address = bound
+        log.info("%s protocol listening on %s", self.protocol, self.address)
 
     def on_stop(self) -> None:
         if self.server is not None:
@@ -270,7 +310,7 @@ class ZmqListener(Actor):
 
     def on_receive(self, msg: Any) -> Any:
         if isinstance(msg, ListenerInfo):
-            return {"protocol": "zmq", "endpoint": self.endpoint, "error": self.error,
+            return {"protocol": self.protocol, "address": self.address, "error": self.error,
                     "sessions": self.server.sessions() if self.server else 0}
         log.warning("%s: unexpected message %r", self.name, msg)
         return None

@@ -440,8 +440,11 @@ async def _stats(request: web.Request) -> web.Response:
         health_text = "OK" if health is None else f"NOK - {health}"
         if q.get("format") != "json":
             return format_stats_text(stats, health_text, version, now())
-        return {"version": version, "health": health_text,
-                "start_time": stats.get("start_time", 0), "producers": [], **stats}
+        out: dict[str, Any] = {"version": version, "health": health_text,
+                               "start_time": stats.get("start_time", 0), "producers": []}
+        out.update(stats)  # nsqd's keys first, then everything the facade adds
+        out["health"] = health_text  # always from health(), in nsqd's "NOK - reason" form
+        return out
 
     return _v1(await _call(request, work))
 
@@ -519,6 +522,7 @@ class HttpServer:
         if self._thread is not None:
             msg = "HttpServer already started"
             raise RuntimeError(msg)
+        self._ready, self._error = threading.Event(), None
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         sock = socket.create_server((self.host, self.port), family=family, backlog=128)
         self.port = sock.getsockname()[1]

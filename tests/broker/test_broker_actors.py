@@ -103,6 +103,8 @@ def start_broker(tmp_path) -> Iterator[Callable[..., Broker]]:
         options.setdefault("queue_scan_interval", 0.02)
         options.setdefault("log_level", "warn")
         options.setdefault("http_address", "127.0.0.1:0")
+        options.setdefault("tcp_address", "127.0.0.1:0")
+        options.setdefault("zmq_address", "tcp://127.0.0.1:0")
         b = Broker(BrokerOptions(**options)).start()
         running.append(b)
         return b
@@ -339,7 +341,8 @@ def test_python_m_actors_broker_runs_and_stops_cleanly_on_sigterm(tmp_path):
     assert out.stdout.strip()
     proc = subprocess.Popen([sys.executable, "-m", "actors.broker", "--data-path", str(data),
                              "--workers", "1", "--log-level", "info",
-                             "--http-address", "127.0.0.1:0"],
+                             "--http-address", "127.0.0.1:0", "--tcp-address", "127.0.0.1:0",
+                             "--zmq-address", "tcp://127.0.0.1:0"],
                             stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stderr is not None

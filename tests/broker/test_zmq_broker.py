@@ -23,6 +23,7 @@ pytestmark = pytest.mark.timeout(90)
 def broker(tmp_path_factory) -> Iterator[Broker]:
     data = tmp_path_factory.mktemp("zmq") / "data"
     b = Broker(BrokerOptions(data_path=str(data), workers=2, http_address="127.0.0.1:0",
+                             tcp_address="127.0.0.1:0",
                              zmq_address="tcp://127.0.0.1:0", queue_scan_interval=0.02,
                              log_level="warn")).start()
     yield b

@@ -550,6 +550,7 @@ def test_stats_json_has_nsqds_shape_and_our_extras(server: HttpServer, facade: F
 
 def test_stats_json_health_says_nok_with_the_reason(server: HttpServer, facade: FakeFacade) -> None:
     facade.reason = "disk full"
+    facade.stats_data["health"] = "disk full"  # a facade's own health key does not win
     assert call(server, "GET", "/stats?format=json").json()["health"] == "NOK - disk full"
 
 
@@ -836,6 +837,16 @@ def test_stop_reports_a_facade_call_that_will_not_return(facade: FakeFacade) -> 
     assert srv.stop(timeout=5)
     client.join(5)
     assert isinstance(outcome[0], http.client.RemoteDisconnected)
+
+
+def test_a_stopped_server_can_be_started_again(facade: FakeFacade) -> None:
+    srv = HttpServer(facade, LIMITS, "127.0.0.1", 0).start()
+    assert srv.stop(timeout=5)
+    srv.start()
+    try:
+        assert call(srv, "GET", "/ping").status == 200
+    finally:
+        assert srv.stop(timeout=5)
 
 
 def test_start_on_a_busy_port_raises_in_the_caller(facade: FakeFacade) -> None:

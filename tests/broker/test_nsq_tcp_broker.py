@@ -1,0 +1,142 @@
+"""NSQ TCP protocol V2 against a running broker: our codec's client and the real pynsq."""
+
+from __future__ import annotations
+
+import socket
+import struct
+from collections.abc import Iterator
+
+import pytest
+
+from actors.broker import Broker
+from actors.broker_options import BrokerOptions
+from tests.broker.test_broker_actors import wait_for
+from transport import protocol_commands as pc
+from transport.nsq_v2 import CLOSED, NEED_DATA
+from transport.nsq_v2_client import ClientConnection
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory) -> Iterator[Broker]:
+    data = tmp_path_factory.mktemp("tcp") / "data"
+    b = Broker(BrokerOptions(data_path=str(data), workers=2, http_address="127.0.0.1:0",
+                             tcp_address="127.0.0.1:0", zmq_address="tcp://127.0.0.1:0",
+                             max_msg_size=1000, log_level="warn")).start()
+    yield b
+    b.stop()
+
+
+class Conn:
+    """A blocking NSQ V2 client built on our sans-IO client codec."""
+
+    def __init__(self, broker: Broker) -> None:
+        host, port = broker.tcp_address.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=10)
+        self.codec = ClientConnection()
+
+    def send(self, command: pc.Command) -> None:
+        self.sock.sendall(self.codec.send(command))
+
+    def frames(self, n: int = 1) -> list:
+        out: list = []
+        while len(out) < n:
+            event = self.codec.next_event()
+            if event is CLOSED:
+                break
+            if event is NEED_DATA:
+                self.codec.receive_data(self.sock.recv(65536))
+                continue
+            if not isinstance(event, pc.Heartbeat):
+                out.append(event)
+        return out
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_pub_sub_fin_over_nsq_tcp(broker):
+    pub = Conn(broker)
+    sub = Conn(broker)
+    try:
+        sub.send(pc.Sub("tcp_t", "c"))
+        assert sub.frames(1)
+        sub.send(pc.Rdy(10))
+        wait_for(lambda: broker.topic_stats("tcp_t")["channels"], what="channel")
+        pub.send(pc.Pub("tcp_t", b"hello"))
+        pub.send(pc.Mpub("tcp_t", (b"a", b"b")))
+        assert len(pub.frames(2)) == 2
+        got = []
+        while len(got) < 3:
+            got.extend(f for f in sub.frames(1) if isinstance(f, pc.Message))
+        assert sorted(m.body for m in got) == [b"a", b"b", b"hello"]
+        for m in got:
+            sub.send(pc.Fin((m.id,)))
+        wait_for(lambda: broker.topic_stats("tcp_t")["channels"][0]["in_flight_count"] == 0,
+                 what="all finished")
+    finally:
+        pub.close()
+        sub.close()
+
+
+def test_bad_input_gets_an_error_frame_and_fatal_ones_close_the_connection(broker):
+    c = Conn(broker)
+    try:
+        c.send(pc.Pub("bad$topic", b"x"))
+        (err,) = c.frames(1)
+        assert "E_BAD_TOPIC" in str(err)
+        assert c.sock.recv(10) == b""  # closed by the broker
+    finally:
+        c.close()
+    # A garbage stream gets E_BAD_PROTOCOL and a close; others are unaffected.
+    host, port = broker.tcp_address.rsplit(":", 1)
+    raw = socket.create_connection((host, int(port)), timeout=10)
+    raw.sendall(b"GARBAGE\n")
+    data = raw.recv(1024)
+    _size, kind = struct.unpack(">ii", data[:8])
+    assert kind == 1
+    assert b"E_BAD_PROTOCOL" in data
+    raw.close()
+    ok = Conn(broker)
+    try:
+        ok.send(pc.Pub("still_fine", b"x"))
+        assert ok.frames(1)
+    finally:
+        ok.close()
+
+
+def test_the_real_pynsq_reader_and_writer_work_unchanged(broker):
+    nsq = pytest.importorskip("nsq")
+    import tornado.ioloop
+
+    host, port = broker.tcp_address.rsplit(":", 1)
+    addr = f"{host}:{port}"
+    received: list[bytes] = []
+    loop = tornado.ioloop.IOLoop.current()
+
+    def handler(message) -> bool:
+        received.append(message.body)
+        if len(received) == 3:
+            loop.stop()
+        return True
+
+    reader = nsq.Reader(topic="pynsq_t", channel="c", message_handler=handler,
+                        nsqd_tcp_addresses=[addr], max_in_flight=10, heartbeat_interval=5)
+    writer = nsq.Writer([addr])
+    published: list = []
+
+    def publish() -> None:
+        def done(conn, data) -> None:
+            published.append(data)
+        writer.pub("pynsq_t", b"w1", callback=done)
+        writer.mpub("pynsq_t", [b"w2", b"w3"], callback=done)
+
+    loop.call_later(1.0, publish)
+    loop.call_later(20.0, loop.stop)
+    loop.start()
+    reader.close()
+    for conn in list(writer.conns.values()):  # pynsq's Writer has no close()
+        conn.close()
+    assert sorted(received) == [b"w1", b"w2", b"w3"]
+    assert all(d == b"OK" for d in published), published
