@@ -8,7 +8,9 @@ One thread runs an asyncio event loop with a TCP server on
 :class:`~transport.nsq_v2.ServerConnection`.  Thousands of idle connections
 cost one small object each, not a thread.
 
-Bytes in are fed to the codec; each event is handled on the loop: the loop
+Bytes in are fed to the codec; each event is handled on the loop (the FINs
+of one read are merged into one, so a consumer acking a batch costs the
+broker one message, not one per id): the loop
 answers what needs no broker (IDENTIFY's negotiation, SUB's ``OK``, CLS's
 ``CLOSE_WAIT``, NOP, protocol errors, AUTH -- answered as nsqd answers with
 auth disabled) and hands every command to the *handler* (the broker's
@@ -38,7 +40,7 @@ from transport.nsq_v2 import (
     encode_error,
     encode_identify_response,
 )
-from transport.protocol_commands import Auth, Cls, Identify, Nop, Sub
+from transport.protocol_commands import Auth, Cls, Fin, Identify, Nop, Sub
 from transport.protocol_common import Limits, ProtocolError
 from transport.zmq_server import Handler
 
@@ -72,10 +74,19 @@ class _Conn(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.heard = self.server.loop.time()
         self.codec.receive_data(data)
+        fins: list[bytes] = []  # consecutive FINs of one read go to the broker as one
         for event in self.codec.next_events():
             if self.closed:
                 return
+            if isinstance(event, Fin):
+                fins.extend(event.ids)
+                continue
+            if fins:
+                self._event(Fin(tuple(fins)))
+                fins = []
             self._event(event)
+        if fins and not self.closed:
+            self._event(Fin(tuple(fins)))
 
     def eof_received(self) -> bool | None:
         self.close()

@@ -1,0 +1,216 @@
+"""Broker benchmark: publish-only, consume-only and concurrent runs over each protocol.
+
+    python -m bench.broker_bench [--messages 200000] [--size 100] [--batch 200]
+                                 [--producers 1] [--consumers 1] [--protocols tcp,zmq,http]
+                                 [--mem-queue-size 10000] [--workers 2]
+
+Starts a broker on a temporary data dir (ports chosen by the OS), then for
+each protocol runs, in this order and each on a fresh topic:
+
+* **publish**: N producer threads publish ``--messages`` in MPUBs of
+  ``--batch`` (HTTP: ``/mpub?binary=true``), waiting for every OK;
+* **consume**: M consumers drain that topic (RDY 2500, FIN per message);
+* **pub+sub**: producers and consumers at once on a fresh topic.
+
+It prints msgs/s and MB/s for each, and for the consumers the p50/p99 of
+publish-to-delivery latency (the message's NSQ timestamp, set when the
+topic accepted it, to its arrival at the consumer).  NSQ TCP uses our
+sans-IO codec over a blocking socket (what an NSQ client library does);
+ZeroMQ uses ``transport.client``.  Compare with nsqd's figures in
+``../shared/ANCHORS.md`` (measured with NSQ's own Go bench clients).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import socket
+import statistics
+import struct
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+
+from actors.broker import Broker
+from actors.broker_options import BrokerOptions
+from transport import protocol_commands as pc
+from transport.client import Consumer, Producer
+from transport.nsq_v2 import CLOSED, NEED_DATA
+from transport.nsq_v2_client import ClientConnection
+
+
+class TcpClient:
+    def __init__(self, address: str) -> None:
+        host, port = address.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.codec = ClientConnection()
+
+    def send(self, command: pc.Command) -> None:
+        self.sock.sendall(self.codec.send(command))
+
+    def events(self) -> list:
+        out = []
+        while True:
+            e = self.codec.next_event()
+            if e is NEED_DATA:
+                if out:
+                    return out
+                self.codec.receive_data(self.sock.recv(1 << 20))
+                continue
+            if e is CLOSED:
+                raise ConnectionError("broker closed the connection")
+            out.append(e)
+
+
+def publish_tcp(address: str, topic: str, bodies: list[bytes], batch: int) -> None:
+    c = TcpClient(address)
+    pending = 0
+    for i in range(0, len(bodies), batch):
+        c.send(pc.Mpub(topic, tuple(bodies[i : i + batch])))
+        pending += 1
+        while pending > 8:  # keep a few MPUBs in flight, like nsq's bench_writer
+            pending -= sum(1 for e in c.events() if not isinstance(e, pc.Heartbeat))
+    while pending > 0:
+        pending -= sum(1 for e in c.events() if not isinstance(e, pc.Heartbeat))
+    c.sock.close()
+
+
+def consume_tcp(address: str, topic: str, channel: str, count: int, lat: list[float]) -> None:
+    c = TcpClient(address)
+    c.send(pc.Sub(topic, channel))
+    c.send(pc.Rdy(2500))
+    got = 0
+    while got < count:
+        fins = []
+        for e in c.events():
+            if isinstance(e, pc.Message):
+                lat.append(time.time() - e.timestamp / 1e9)
+                fins.append(pc.Fin((e.id,)))
+        got += len(fins)
+        if fins:
+            c.sock.sendall(b"".join(c.codec.send(f) for f in fins))
+    c.sock.close()
+
+
+def publish_zmq(endpoint: str, topic: str, bodies: list[bytes], batch: int) -> None:
+    with Producer(endpoint, timeout=30) as p:
+        for i in range(0, len(bodies), batch * 8):
+            p.publish_batch(topic, bodies[i : i + batch * 8], batch)
+
+
+def consume_zmq(endpoint: str, topic: str, channel: str, count: int, lat: list[float]) -> None:
+    done = threading.Event()
+    got = [0]
+
+    def handler(m) -> None:
+        lat.append(time.time() - m.timestamp / 1e9)
+        got[0] += 1
+        if got[0] >= count:
+            done.set()
+
+    with Consumer(topic, channel, handler, endpoint, max_in_flight=2500):
+        done.wait(600)
+
+
+def publish_http(port: int, topic: str, bodies: list[bytes], batch: int) -> None:
+    for i in range(0, len(bodies), batch):
+        chunk = bodies[i : i + batch]
+        data = struct.pack(">I", len(chunk)) + b"".join(struct.pack(">I", len(b)) + b
+                                                        for b in chunk)
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/mpub?topic={topic}&binary=true",
+                                     data=data, method="POST")
+        with urllib.request.urlopen(req, timeout=30) as r:  # noqa: S310 - loopback
+            r.read()
+
+
+def run_threads(n: int, target: Callable[[int], None]) -> float:
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(n)]
+    t = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return time.perf_counter() - t
+
+
+def report(name: str, count: int, size: int, seconds: float, lat: list[float] | None = None
+           ) -> None:
+    line = f"{name:28s} {count / seconds:>12,.0f} msgs/s {count * size / seconds / 1e6:>8.1f} MB/s"
+    if lat:
+        q = statistics.quantiles(lat, n=100)
+        line += f"   latency p50 {q[49] * 1000:8.1f} ms  p99 {q[98] * 1000:8.1f} ms"
+    print(line, flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--messages", type=int, default=200_000)
+    ap.add_argument("--size", type=int, default=100)
+    ap.add_argument("--batch", type=int, default=200)
+    ap.add_argument("--producers", type=int, default=1)
+    ap.add_argument("--consumers", type=int, default=1)
+    ap.add_argument("--protocols", default="tcp,zmq,http")
+    ap.add_argument("--mem-queue-size", type=int, default=10000)
+    ap.add_argument("--workers", type=int, default=2)
+    a = ap.parse_args()
+    data = tempfile.mkdtemp(prefix="bb", dir="/tmp")
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"Python {platform.python_version()}; load {os.getloadavg()}")
+    print(f"{a.messages} messages of {a.size} B, MPUB batch {a.batch}, {a.producers} producer(s),"
+          f" {a.consumers} consumer(s), mem-queue-size {a.mem_queue_size}, {a.workers} workers")
+    opts = BrokerOptions(data_path=data, workers=a.workers, http_address="127.0.0.1:0",
+                         tcp_address="127.0.0.1:0", zmq_address="tcp://127.0.0.1:0",
+                         mem_queue_size=a.mem_queue_size, log_level="warn")
+    body = b"x" * a.size
+    per_producer = a.messages // a.producers
+    total = per_producer * a.producers
+    bodies = [body] * per_producer
+    per_consumer = total // a.consumers
+    with Broker(opts) as b:
+        for proto in a.protocols.split(","):
+            def pub(i: int, topic: str, proto: str = proto) -> None:
+                if proto == "tcp":
+                    publish_tcp(b.tcp_address, topic, bodies, a.batch)
+                elif proto == "zmq":
+                    publish_zmq(b.zmq_endpoint, topic, bodies, a.batch)
+                else:
+                    publish_http(b.http_port, topic, bodies, a.batch)
+
+            def sub(i: int, topic: str, lat: list[float], proto: str = proto) -> None:
+                if proto == "zmq":
+                    consume_zmq(b.zmq_endpoint, topic, "bench", per_consumer, lat)
+                else:
+                    consume_tcp(b.tcp_address, topic, "bench", per_consumer, lat)
+
+            topic = f"bench_{proto}"
+            b.topic_command(topic, "create_channel", "bench")
+            t = run_threads(a.producers, lambda i, topic=topic: pub(i, topic))
+            report(f"{proto}: publish", total, a.size, t)
+            lat: list[float] = []
+            t = run_threads(a.consumers, lambda i, topic=topic, lat=lat: sub(i, topic, lat))
+            report(f"{proto}: consume (after)", total, a.size, t)
+            topic2 = f"bench2_{proto}"
+            b.topic_command(topic2, "create_channel", "bench")
+            lat2: list[float] = []
+            consumers = [threading.Thread(target=sub, args=(i, topic2, lat2))
+                         for i in range(a.consumers)]
+            start = time.perf_counter()
+            for th in consumers:
+                th.start()
+            tp = run_threads(a.producers, lambda i, topic2=topic2: pub(i, topic2))
+            for th in consumers:
+                th.join()
+            t = time.perf_counter() - start
+            report(f"{proto}: pub+sub, publish", total, a.size, tp)
+            report(f"{proto}: pub+sub, consume", total, a.size, t, lat2)
+    shutil.rmtree(data, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
