@@ -117,7 +117,7 @@ class ChannelActor(Actor):
             case ChannelPutDeferred(items=items):
                 s.put_deferred([(m, due) for m, due in items])
             case DqMessages(items=items):
-                s.from_disk([(p, m) for p, m in items])
+                s.from_disk(items)
             case Sub(client=client, msg_timeout_ms=timeout_ms):
                 s.subscribe(client, timeout_ms * 1_000_000)
             case Rdy(client=client, count=count):

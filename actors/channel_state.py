@@ -36,11 +36,13 @@ dead-letter topic instead of being delivered again.
 from __future__ import annotations
 
 import random
+import struct
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from actors.nsq_errors import BrokerError, fin_failed, invalid, req_failed, touch_failed
-from actors.nsq_message import attempts_of, message_id, with_attempts
+from actors.nsq_message import message_id
 from actors.pqueue import DeferredQueue, InFlightQueue
 
 DELAYED = -1
@@ -67,13 +69,11 @@ class ClientState:
         return self.in_flight < self.rdy
 
 
-@dataclass
-class InFlight:
-    """A delivered message: its bytes (attempts included), durability handle, client."""
-
-    encoded: bytes
-    handle: Handle
-    client: str
+# An in-flight entry is a plain tuple (it is created for every delivery):
+# (encoded bytes with attempts, durability handle, client name).
+InFlight = tuple[bytes, Handle, str]
+ENCODED, HANDLE, CLIENT = 0, 1, 2
+_ATTEMPTS = struct.Struct(">H")
 
 
 @dataclass
@@ -190,35 +190,38 @@ class ChannelState:
         if self.clients.pop(client, None) is None:
             return
         back = [msg_id for msg_id in list(self.in_flight)
-                if self.in_flight.get(msg_id).client == client]
+                if self.in_flight.get(msg_id)[CLIENT] == client]
         for msg_id in reversed(back):
             item = self.in_flight.remove(msg_id)
-            self.ready.appendleft((item.encoded, item.handle))
+            self.ready.appendleft((item[ENCODED], item[HANDLE]))
             self.stats.requeue_count += 1
 
     # -------------------------------------------------------- client commands
 
-    def _owned(self, client: str, msg_id: bytes, error) -> InFlight:
-        item = self.in_flight.get(msg_id) if msg_id in self.in_flight else None
-        if item is None or item.client != client:
+    def _owned(self, client: str, msg_id: bytes, error: Any) -> InFlight:
+        item = self.in_flight.get(msg_id)
+        if item is None or item[CLIENT] != client:
             raise error(msg_id)
         return item
 
     def finish(self, client: str, msg_ids: list[bytes]) -> list[BrokerError]:
         """FIN: returns one non-fatal E_FIN_FAILED per id that was not in flight for `client`."""
         errors = []
+        get, remove = self.in_flight.get, self.in_flight.remove
+        state = self.clients.get(client)
+        done = 0
         for msg_id in msg_ids:
-            try:
-                self._owned(client, msg_id, fin_failed)
-            except BrokerError as e:
-                errors.append(e)
+            item = get(msg_id)
+            if item is None or item[CLIENT] != client:
+                errors.append(fin_failed(msg_id))
                 continue
-            item = self.in_flight.remove(msg_id)
-            self._release(item.handle, msg_id)
-            state = self.clients.get(client)
-            if state is not None:
-                state.in_flight -= 1
-                state.finished += 1
+            remove(msg_id)
+            if item[HANDLE] is not None:
+                self._release(item[HANDLE], msg_id)
+            done += 1
+        if state is not None:
+            state.in_flight -= done
+            state.finished += done
         return errors
 
     def requeue(self, client: str, msg_id: bytes, delay_ns: int, now: int) -> None:
@@ -231,9 +234,9 @@ class ChannelState:
             state.requeued += 1
         self.stats.requeue_count += 1
         if delay_ns <= 0:
-            self.ready.append((item.encoded, item.handle))
+            self.ready.append((item[ENCODED], item[HANDLE]))
         else:
-            self._defer(item.encoded, item.handle, now + delay_ns)
+            self._defer(item[ENCODED], item[HANDLE], now + delay_ns)
 
     def touch(self, client: str, msg_id: bytes, now: int) -> None:
         """TOUCH: the message's timeout starts again."""
@@ -250,11 +253,11 @@ class ChannelState:
             dirty = True
             self.stats.timeout_count += 1
             self.stats.requeue_count += 1
-            state = self.clients.get(item.client)
+            state = self.clients.get(item[CLIENT])
             if state is not None:
                 state.in_flight -= 1
                 state.timed_out += 1
-            self.ready.append((item.encoded, item.handle))
+            self.ready.append((item[ENCODED], item[HANDLE]))
             del msg_id
         for _msg_id, (encoded, handle) in self.deferred.pop_due(now):
             dirty = True
@@ -264,35 +267,45 @@ class ChannelState:
     # --------------------------------------------------------------- delivery
 
     def pump(self, now: int) -> None:
-        """Deliver ready messages to random ready clients; ask for disk reads."""
+        """Deliver ready messages to random ready clients; ask for disk reads.
+
+        The hottest loop of the broker: everything it calls per message is
+        bound to a local first.
+        """
         if self.paused:
             return
-        ready_clients = [c for c in self.clients.values() if c.ready]
-        deliveries = self.effects.deliveries
-        while ready_clients:
-            if not self.ready:
-                break
-            encoded, handle = self.ready.popleft()
-            attempts = attempts_of(encoded)
-            if self.max_attempts and attempts >= self.max_attempts:
-                # Same id, timestamp and body; attempts start again on the dead-letter topic.
-                self.effects.dead_letters.append(with_attempts(encoded, 0))
-                self.stats.dead_letter_count += 1
-                self._release(handle, message_id(encoded))
-                continue
-            i = self.rng.randrange(len(ready_clients))
-            client = ready_clients[i]
-            encoded = with_attempts(encoded, attempts + 1)
-            msg_id = message_id(encoded)
-            self.in_flight.push(msg_id, now + client.msg_timeout_ns,
-                                InFlight(encoded, handle, client.name))
-            client.in_flight += 1
-            client.delivered += 1
-            deliveries.setdefault(client.name, []).append(encoded)
-            if not client.ready:
-                ready_clients[i] = ready_clients[-1]
-                ready_clients.pop()
-        if not self.ready and self.disk_depth and not self.reading and self.durable:
+        ready = self.ready
+        if ready:
+            ready_clients = [c for c in self.clients.values() if c.in_flight < c.rdy]
+            deliveries = self.effects.deliveries
+            popleft, push = ready.popleft, self.in_flight.push
+            rand, pack_attempts = self.rng.random, _ATTEMPTS.pack
+            max_attempts = self.max_attempts
+            while ready_clients and ready:
+                encoded, handle = popleft()
+                attempts = (encoded[8] << 8) | encoded[9]
+                if max_attempts and attempts >= max_attempts:
+                    # Same id, timestamp and body; attempts start again on the dead-letter topic.
+                    self.effects.dead_letters.append(encoded[:8] + b"\x00\x00" + encoded[10:])
+                    self.stats.dead_letter_count += 1
+                    self._release(handle, encoded[10:26])
+                    continue
+                n = len(ready_clients)
+                i = 0 if n == 1 else int(rand() * n)
+                client = ready_clients[i]
+                encoded = encoded[:8] + pack_attempts(attempts + 1) + encoded[10:]
+                push(encoded[10:26], now + client.msg_timeout_ns, (encoded, handle, client.name))
+                client.in_flight += 1
+                client.delivered += 1
+                out = deliveries.get(client.name)
+                if out is None:
+                    deliveries[client.name] = [encoded]
+                else:
+                    out.append(encoded)
+                if client.in_flight >= client.rdy:
+                    ready_clients[i] = ready_clients[-1]
+                    ready_clients.pop()
+        if not ready and self.disk_depth and not self.reading and self.durable:
             self.reading = True
             self.effects.disk_read = self.read_batch
 
@@ -331,8 +344,8 @@ class ChannelState:
     def memory_only(self) -> list[bytes]:
         """Messages that exist only in memory (what a clean shutdown writes to disk)."""
         out = [m for m, h in self.ready if h is None]
-        out.extend(self.in_flight.get(i).encoded for i in self.in_flight
-                   if self.in_flight.get(i).handle is None)
+        out.extend(self.in_flight.get(i)[ENCODED] for i in self.in_flight
+                   if self.in_flight.get(i)[HANDLE] is None)
         return out
 
     def client_stats(self) -> list[dict[str, object]]:
