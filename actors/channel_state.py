@@ -115,7 +115,8 @@ class ChannelState:
         self.max_attempts = max_attempts
         self.read_batch = read_batch
         self.rng = rng or random.Random()
-        self.ready: deque[tuple[bytes, Handle]] = deque()
+        # (handle, encoded): the order DiskQueue.read_many returns, so disk batches go in as is
+        self.ready: deque[tuple[Handle, bytes]] = deque()
         self.disk_depth = 0
         self.reading = False
         self.in_flight: InFlightQueue = InFlightQueue()
@@ -140,11 +141,11 @@ class ChannelState:
         self.stats.message_count += len(messages)
         room = self.mem_queue_size - len(self.ready)
         if self.disk_depth == 0 and not self.reading and room >= len(messages):
-            self.ready.extend((m, None) for m in messages)
+            self.ready.extend((None, m) for m in messages)
             return
         keep = max(0, room) if self.disk_depth == 0 and not self.reading else 0
         if keep:
-            self.ready.extend((m, None) for m in messages[:keep])
+            self.ready.extend((None, m) for m in messages[:keep])
             messages = messages[keep:]
         if self.durable:
             self.effects.disk_put.extend(messages)
@@ -163,7 +164,7 @@ class ChannelState:
         """A batch read from the disk queue: `(position, encoded)`."""
         self.reading = False
         self.disk_depth = max(0, self.disk_depth - len(items))
-        self.ready.extend((m, pos) for pos, m in items)
+        self.ready.extend(items)
 
     def restore(self, disk_depth: int, deferred: list[tuple[int, bytes, bytes]]) -> None:
         """State found in storage at start: disk depth and delayed-store entries."""
@@ -193,7 +194,7 @@ class ChannelState:
                 if self.in_flight.get(msg_id)[CLIENT] == client]
         for msg_id in reversed(back):
             item = self.in_flight.remove(msg_id)
-            self.ready.appendleft((item[ENCODED], item[HANDLE]))
+            self.ready.appendleft((item[HANDLE], item[ENCODED]))
             self.stats.requeue_count += 1
 
     # -------------------------------------------------------- client commands
@@ -234,7 +235,7 @@ class ChannelState:
             state.requeued += 1
         self.stats.requeue_count += 1
         if delay_ns <= 0:
-            self.ready.append((item[ENCODED], item[HANDLE]))
+            self.ready.append((item[HANDLE], item[ENCODED]))
         else:
             self._defer(item[ENCODED], item[HANDLE], now + delay_ns)
 
@@ -257,11 +258,11 @@ class ChannelState:
             if state is not None:
                 state.in_flight -= 1
                 state.timed_out += 1
-            self.ready.append((item[ENCODED], item[HANDLE]))
+            self.ready.append((item[HANDLE], item[ENCODED]))
             del msg_id
         for _msg_id, (encoded, handle) in self.deferred.pop_due(now):
             dirty = True
-            self.ready.append((encoded, handle))
+            self.ready.append((handle, encoded))
         return dirty
 
     # --------------------------------------------------------------- delivery
@@ -282,7 +283,7 @@ class ChannelState:
             rand, pack_attempts = self.rng.random, _ATTEMPTS.pack
             max_attempts = self.max_attempts
             while ready_clients and ready:
-                encoded, handle = popleft()
+                handle, encoded = popleft()
                 attempts = (encoded[8] << 8) | encoded[9]
                 if max_attempts and attempts >= max_attempts:
                     # Same id, timestamp and body; attempts start again on the dead-letter topic.
@@ -332,7 +333,7 @@ class ChannelState:
 
     def empty(self) -> None:
         """Drop every queued and deferred message (nsqd's channel empty)."""
-        for _encoded, handle in self.ready:
+        for handle, _encoded in self.ready:
             if handle is not None and handle != DELAYED:
                 self.effects.disk_ack.append(handle)
         self.ready.clear()
@@ -343,7 +344,7 @@ class ChannelState:
 
     def memory_only(self) -> list[bytes]:
         """Messages that exist only in memory (what a clean shutdown writes to disk)."""
-        out = [m for m, h in self.ready if h is None]
+        out = [m for h, m in self.ready if h is None]
         out.extend(self.in_flight.get(i)[ENCODED] for i in self.in_flight
                    if self.in_flight.get(i)[HANDLE] is None)
         return out

@@ -79,7 +79,7 @@ from storage.syncer import SYNCER, Syncer
 log = logging.getLogger(__name__)
 
 _NAME_RE = re.compile(r"^[^/\\\x00]{1,200}$")
-_ACK_ENTRY = struct.Struct("<QI")  # position, crc32 of the position bytes
+_ACK_HEAD = struct.Struct("<II")  # count of positions, CRC-32C of the positions' bytes
 #: Frames up to this size are kept in the ring of recent frames.
 RING_MAX_FRAME = 64 * 1024
 #: A `put_many` batch is split into frames of at most this many body bytes.
@@ -112,9 +112,10 @@ def _split_frames(messages: list[bytes]) -> list[tuple[list[bytes], list[int]]]:
     return frames
 
 
-def _ack_entry(position: int) -> bytes:
-    raw = position.to_bytes(8, "little")
-    return raw + crc32(raw).to_bytes(4, "little")
+def _ack_record(positions: list[int]) -> bytes:
+    """One journal record: count, CRC-32C, then the positions as u64 (one per ack)."""
+    body = struct.pack(f"<{len(positions)}Q", *positions)
+    return _ACK_HEAD.pack(len(positions), crc32(body)) + body
 
 
 class DiskQueue:
@@ -315,19 +316,22 @@ class DiskQueue:
         if os.path.exists(self._acks_path):
             with open(self._acks_path, "rb") as f:
                 raw = f.read()
-            good = 0
-            for off in range(0, len(raw) - len(raw) % 12, 12):
-                pos, crc = _ACK_ENTRY.unpack_from(raw, off)
-                if crc32(raw[off : off + 8]) != crc:
-                    log.warning("queue %s: ack journal damaged at entry %d; later acks are "
+            good = off = 0
+            while off + _ACK_HEAD.size <= len(raw):
+                n, crc = _ACK_HEAD.unpack_from(raw, off)
+                body = raw[off + _ACK_HEAD.size : off + _ACK_HEAD.size + 8 * n]
+                if len(body) != 8 * n:
+                    break  # torn tail: the last write was cut short
+                if crc32(body) != crc:
+                    log.warning("queue %s: ack journal damaged at byte %d; later acks are "
                                 "ignored (those messages will be delivered again)",
-                                self.name, off // 12)
+                                self.name, off)
                     self._c["corruptions"] += 1
                     break
-                good = off + 12
-                chunk = pos >> 48
-                if pos >= floor and (chunk in self._counts or chunk == self._wchunk):
-                    skip.add(pos)
+                off = good = off + _ACK_HEAD.size + 8 * n
+                for pos in struct.unpack(f"<{n}Q", body):
+                    if pos >= floor and (pos >> 48 in self._counts or pos >> 48 == self._wchunk):
+                        skip.add(pos)
             if good != len(raw):
                 os.truncate(self._acks_path, good)
         self._skip = skip
@@ -722,7 +726,7 @@ class DiskQueue:
                     early.add(pos)
             if not done:
                 return 0
-            os.write(self._journal_fd, b"".join(_ack_entry(p) for p in done))
+            os.write(self._journal_fd, _ack_record(done))
             self._journal_entries += len(done)
             self._c["acks"] += len(done)
             floor_chunk = order[0][0] >> 48 if order else self._rchunk
@@ -757,7 +761,7 @@ class DiskQueue:
             self._write_meta(force=True)
             floor = self._floor()[0]
             keep = [p for p in (self._acked_early | self._skip) if p >= floor]
-            write_atomic(self._acks_path, b"".join(_ack_entry(p) for p in keep))
+            write_atomic(self._acks_path, _ack_record(keep) if keep else b"")
             os.close(self._journal_fd)
             self._journal_fd = os.open(self._acks_path, os.O_WRONLY | os.O_APPEND)
             self._journal_entries = len(keep)

@@ -147,7 +147,7 @@ def test_req_without_delay_puts_the_message_at_the_back_of_the_queue():
     ch.requeue("a", message_id(m), 0, now=0)
     (nxt,) = deliver(ch)["a"]
     assert message_id(nxt) == message_id(second)
-    assert ch.ready[0][0][10:26] == message_id(first)
+    assert ch.ready[0][1][10:26] == message_id(first)
     assert ch.stats.requeue_count == 1
 
 
@@ -306,7 +306,7 @@ def test_restored_deferred_messages_keep_their_due_time():
     assert ch.depth() == 3
     assert ch.process(41 * SECOND) is False
     assert ch.process(42 * SECOND) is True
-    assert ch.ready[-1] == (m, DELAYED)
+    assert ch.ready[-1] == (DELAYED, m)
 
 
 def test_memory_only_lists_what_a_clean_shutdown_must_write():

@@ -156,7 +156,7 @@ def test_a_damaged_metadata_file_is_ignored_and_reading_starts_from_the_oldest_c
     assert drain(q) == [b"a", b"b"]  # at-least-once: never lost, may come again
 
 
-def test_a_damaged_ack_journal_entry_only_causes_redelivery(open_queue, tmp_path):
+def test_a_damaged_ack_journal_record_only_causes_redelivery(open_queue, tmp_path):
     q = open_queue(ack_mode=True)
     q.put_many([b"a", b"b", b"c"])
     recs = q.read_many(3)
@@ -165,9 +165,23 @@ def test_a_damaged_ack_journal_entry_only_causes_redelivery(open_queue, tmp_path
     q.close()
     journal = tmp_path / "q.diskqueue.acks.dat"
     raw = bytearray(journal.read_bytes())
-    # Corrupt the second entry's CRC.
-    struct.pack_into("<I", raw, 12 + 8, 0xDEADBEEF)
+    # Two records of one ack each (8-byte head + 8-byte position); corrupt the second's CRC.
+    struct.pack_into("<I", raw, 16 + 4, 0xDEADBEEF)
     journal.write_bytes(bytes(raw))
     q = open_queue(ack_mode=True)
     assert q.stats()["corruptions"] == 1
     assert [m for _, m in q.read_many(5)] == [b"a", b"c"]
+
+
+def test_a_torn_ack_journal_record_is_cut_off(open_queue, tmp_path):
+    q = open_queue(ack_mode=True)
+    q.put_many([b"a", b"b", b"c"])
+    recs = q.read_many(3)
+    q.ack_many([recs[0][0], recs[1][0]])
+    q.close()
+    journal = tmp_path / "q.diskqueue.acks.dat"
+    raw = journal.read_bytes()
+    journal.write_bytes(raw + raw[:12])  # a second record cut short
+    q = open_queue(ack_mode=True)
+    assert q.stats()["corruptions"] == 0
+    assert [m for _, m in q.read_many(5)] == [b"c"]
