@@ -56,6 +56,7 @@ __all__ = [
     "MessageDecodeError",
     "attempts_of",
     "decode_message",
+    "encode_batch",
     "encode_message",
     "guid_parts",
     "is_ephemeral",
@@ -113,6 +114,12 @@ def encode_message(msg_id: bytes, timestamp_ns: int, attempts: int, body: bytes)
         msg = f"message id must be {MSG_ID_LENGTH} bytes, got {len(msg_id)}"
         raise ValueError(msg)
     return _HEAD.pack(timestamp_ns, attempts) + msg_id + body
+
+
+def encode_batch(msg_ids: list[bytes], timestamp_ns: int, bodies: list[bytes]) -> list[bytes]:
+    """Encode a publish batch: one timestamp, 0 attempts, one id per body (the hot path)."""
+    prefix = _HEAD.pack(timestamp_ns, 0)
+    return [prefix + i + b for i, b in zip(msg_ids, bodies, strict=True)]
 
 
 def decode_message(data: bytes | bytearray | memoryview) -> Message:

@@ -59,7 +59,7 @@ from actors.nsq_errors import (
 )
 from actors.nsq_message import (
     GuidFactory,
-    encode_message,
+    encode_batch,
     is_ephemeral,
     is_valid_channel_name,
     is_valid_topic_name,
@@ -233,7 +233,7 @@ class TopicActor(Actor):
         self._ensure_exists()
         now = self.clock()
         ids = self.guids.new_guids(now // 1_000_000, len(bodies))
-        encoded = [encode_message(i, now, 0, b) for i, b in zip(ids, bodies, strict=True)]
+        encoded = encode_batch(ids, now, bodies)
         self.message_count += len(encoded)
         self.message_bytes += sum(map(len, bodies))
         if defer_ms:

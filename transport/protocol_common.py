@@ -59,6 +59,7 @@ __all__ = [
     "parse_decimal",
     "parse_msg_id",
     "split_mpub_body",
+    "states_allowing",
 ]
 
 NON_FATAL_CODES = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"})
@@ -325,6 +326,11 @@ class State(Enum):
     """Subscribed to one channel; may RDY, FIN, REQ, TOUCH, CLS and publish."""
     CLOSING = "closing"
     """Sent CLS; may still FIN/REQ/TOUCH what it holds; RDY is ignored."""
+
+
+def states_allowing(name: str) -> frozenset[State]:
+    """The states in which command ``name`` is allowed (all of them if unrestricted)."""
+    return _ALLOWED.get(name, frozenset(State))
 
 
 _ALLOWED: dict[str, frozenset[State]] = {

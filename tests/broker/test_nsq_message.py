@@ -241,3 +241,12 @@ def test_ephemeral_names_are_recognised_by_their_suffix() -> None:
     assert is_ephemeral("foo#ephemeral")
     assert not is_ephemeral("foo")
     assert not is_ephemeral("foo#ephemeral.dead")
+
+
+def test_encode_batch_matches_encoding_each_message():
+    from actors.nsq_message import encode_batch, encode_message
+
+    ids = [b"%016x" % i for i in range(3)]
+    bodies = [b"a", b"bb", b"ccc"]
+    assert encode_batch(ids, 123, bodies) == [encode_message(i, 123, 0, b)
+                                              for i, b in zip(ids, bodies, strict=True)]

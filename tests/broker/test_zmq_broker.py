@@ -116,3 +116,26 @@ def test_a_producer_skips_a_dead_broker_and_fails_loudly_when_all_are_dead(broke
         assert p.retried >= 1
     with Producer(dead, timeout=0.2, max_attempts=2) as p, pytest.raises(PublishError):
         p.publish("rr", b"lost?")
+
+
+def test_touch_keeps_a_long_running_message_from_timing_out(broker):
+    # A handler that works for 2.5 s on a message with a 1 s timeout, touching it as it goes.
+    attempts: list[int] = []
+    done = threading.Event()
+
+    def slow(m: Message) -> None:
+        attempts.append(m.attempts)
+        for _ in range(5):
+            time.sleep(0.5)  # the "work" (this is the handler, not test synchronisation)
+            m.touch()
+        done.set()
+
+    with Consumer("slow", "c", slow, broker.zmq_endpoint, msg_timeout_ms=1000) as _, \
+            Producer(broker.zmq_endpoint) as p:
+        wait_for(lambda: broker.topic_stats("slow")["channels"], what="channel")
+        p.publish("slow", b"long job")
+        assert done.wait(20)
+        wait_for(lambda: broker.topic_stats("slow")["channels"][0]["in_flight_count"] == 0,
+                 what="finished")
+    assert attempts == [1]
+    assert broker.topic_stats("slow")["channels"][0]["timeout_count"] == 0

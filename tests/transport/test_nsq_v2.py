@@ -546,3 +546,43 @@ def test_pynsq_reads_our_frames() -> None:
     assert pynsq.unpack_response(HEARTBEAT_FRAME[4:]) == (0, b"_heartbeat_")
     error = ProtocolError("E_FIN_FAILED", "FIN x failed")
     assert pynsq.unpack_response(encode_error(error)[4:]) == (1, b"E_FIN_FAILED FIN x failed")
+
+
+def test_a_run_of_fin_lines_comes_out_as_one_fin_with_every_id():
+    from transport.nsq_v2 import ServerConnection
+    from transport.protocol_commands import Fin, Sub
+
+    conn = ServerConnection()
+    conn.receive_data(b"  V2SUB t c\n")
+    assert isinstance(conn.next_events()[0], Sub)
+    ids = [b"%016d" % i for i in range(5)]
+    conn.receive_data(b"".join(b"FIN " + i + b"\n" for i in ids) + b"NOP\n")
+    events = conn.next_events()
+    assert events[0] == Fin(tuple(ids))
+    assert len(events) == 2
+
+
+def test_a_bad_fin_in_a_run_still_gets_its_exact_error():
+    from transport.nsq_v2 import ServerConnection
+    from transport.protocol_commands import Fin
+    from transport.protocol_common import ProtocolError
+
+    conn = ServerConnection()
+    conn.receive_data(b"  V2SUB t c\n")
+    conn.next_events()
+    conn.receive_data(b"FIN 0000000000000001\nFIN short\n")
+    events = conn.next_events()
+    assert events[0] == Fin((b"0000000000000001",))
+    assert isinstance(events[1], ProtocolError)
+    assert events[1].code == "E_INVALID"
+
+
+def test_fin_before_sub_is_not_taken_by_the_fast_path():
+    from transport.nsq_v2 import ServerConnection
+    from transport.protocol_common import ProtocolError
+
+    conn = ServerConnection()
+    conn.receive_data(b"  V2FIN 0000000000000001\n")
+    (event,) = conn.next_events()
+    assert isinstance(event, ProtocolError)
+    assert "cannot FIN in current state" in event.text
