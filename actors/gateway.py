@@ -159,12 +159,19 @@ def listener(name: str, options: BrokerOptions) -> Actor:
 # ------------------------------------------------------- ZeroMQ and NSQ TCP
 
 
-class ZmqConnection:
-    """A ZeroMQ session as a client actor's `Connection` (sends go through the loop)."""
+class _SessionConnection:
+    """A session of a socket loop, as a client actor's `Connection` (any thread may write)."""
 
     def __init__(self, server: Any, session: str) -> None:
         self.server = server
         self.session = session
+
+    def close(self) -> None:
+        self.server.drop(self.session)
+
+
+class ZmqConnection(_SessionConnection):
+    """A ZeroMQ session: replies carry the request's correlation frame."""
 
     def deliver(self, channel: str, messages: list[bytes]) -> None:
         self.server.send(self.session, zmq_protocol.encode_messages(messages))
@@ -179,16 +186,9 @@ class ZmqConnection:
     def error(self, error: Any) -> None:
         self.respond(None, error)
 
-    def close(self) -> None:
-        self.server.drop(self.session)
 
-
-class TcpConnection:
-    """An NSQ TCP V2 connection as a client actor's `Connection`."""
-
-    def __init__(self, server: Any, session: str) -> None:
-        self.server = server
-        self.session = session
+class TcpConnection(_SessionConnection):
+    """An NSQ TCP V2 connection: replies are response or error frames, in order."""
 
     def deliver(self, channel: str, messages: list[bytes]) -> None:
         self.server.send(self.session, nsq_v2.encode_messages(messages))
@@ -202,9 +202,6 @@ class TcpConnection:
     def error(self, error: Any) -> None:
         self.server.send(self.session, nsq_v2.encode_error(
             ProtocolError(error[0], error[1], fatal=error[2])))
-
-    def close(self) -> None:
-        self.server.drop(self.session)
 
 
 class ProtocolBridge:

@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 
 from actors.broker import Broker
-from actors.broker_options import BrokerOptions
 from actors.client import (
     ClientClose,
     ClientFin,
@@ -32,6 +31,7 @@ from actors.client import (
 )
 from actors.nsq_errors import BrokerError
 from actors.nsq_message import decode_message
+from tests.broker.conftest import broker_options
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -98,14 +98,8 @@ def start_broker(tmp_path) -> Iterator[Callable[..., Broker]]:
     running: list[Broker] = []
 
     def _start(**options: Any) -> Broker:
-        options.setdefault("data_path", str(tmp_path / "data"))
-        options.setdefault("workers", 1)
         options.setdefault("queue_scan_interval", 0.02)
-        options.setdefault("log_level", "warn")
-        options.setdefault("http_address", "127.0.0.1:0")
-        options.setdefault("tcp_address", "127.0.0.1:0")
-        options.setdefault("zmq_address", "tcp://127.0.0.1:0")
-        b = Broker(BrokerOptions(**options)).start()
+        b = Broker(broker_options(tmp_path / "data", **options)).start()
         running.append(b)
         return b
 

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from actors.broker import Broker
-from actors.broker_options import BrokerOptions
 from actors.client import ClientRdy, ClientSub, ClientTake
 from actors.nsq_message import decode_message
+from tests.broker.conftest import broker_options
 from tests.broker.test_broker_actors import wait_for
 
 pytestmark = pytest.mark.timeout(90)
@@ -22,9 +22,7 @@ pytestmark = pytest.mark.timeout(90)
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory) -> Iterator[Broker]:
     data = tmp_path_factory.mktemp("http") / "data"
-    b = Broker(BrokerOptions(data_path=str(data), workers=2, http_address="127.0.0.1:0",
-                             tcp_address="127.0.0.1:0", zmq_address="tcp://127.0.0.1:0",
-                             max_msg_size=1000, log_level="warn")).start()
+    b = Broker(broker_options(data, workers=2, max_msg_size=1000)).start()
     yield b
     b.stop()
 

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from actors.broker import Broker
-from actors.broker_options import BrokerOptions
+from tests.broker.conftest import broker_options
 from tests.broker.test_broker_actors import wait_for
 from transport.client import Producer
 
@@ -27,10 +27,8 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory) -> Iterator[Broker]:
     data = tmp_path_factory.mktemp("abuse") / "data"
-    b = Broker(BrokerOptions(data_path=str(data), workers=1, http_address="127.0.0.1:0",
-                             tcp_address="127.0.0.1:0", zmq_address="tcp://127.0.0.1:0",
-                             max_msg_size=1000, max_body_size=10_000,
-                             log_level="error")).start()
+    b = Broker(broker_options(data, max_msg_size=1000, max_body_size=10_000,
+                              log_level="error")).start()
     yield b
     b.stop()
 

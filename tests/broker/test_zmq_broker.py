@@ -10,7 +10,7 @@ import pytest
 import zmq
 
 from actors.broker import Broker
-from actors.broker_options import BrokerOptions
+from tests.broker.conftest import broker_options
 from tests.broker.test_broker_actors import wait_for
 from transport import protocol_commands as pc
 from transport.client import BrokerRefused, Consumer, Message, Producer, PublishError
@@ -22,10 +22,7 @@ pytestmark = pytest.mark.timeout(90)
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory) -> Iterator[Broker]:
     data = tmp_path_factory.mktemp("zmq") / "data"
-    b = Broker(BrokerOptions(data_path=str(data), workers=2, http_address="127.0.0.1:0",
-                             tcp_address="127.0.0.1:0",
-                             zmq_address="tcp://127.0.0.1:0", queue_scan_interval=0.02,
-                             log_level="warn")).start()
+    b = Broker(broker_options(data, workers=2, queue_scan_interval=0.02)).start()
     yield b
     b.stop()
 

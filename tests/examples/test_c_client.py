@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from actors.broker import Broker
-from actors.broker_options import BrokerOptions
+from tests.broker.conftest import broker_options
 from tests.broker.test_broker_actors import wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -33,10 +33,7 @@ def build(tmp_path: Path) -> Path:
 
 def test_the_c_client_publishes_and_consumes_through_a_running_broker(tmp_path):
     binary = build(tmp_path)
-    options = BrokerOptions(data_path=str(tmp_path / "data"), workers=1,
-                            http_address="127.0.0.1:0", tcp_address="127.0.0.1:0",
-                            zmq_address="tcp://127.0.0.1:0", log_level="warn")
-    with Broker(options) as broker:
+    with Broker(broker_options(tmp_path / "data")) as broker:
         out = subprocess.run([str(binary), broker.zmq_endpoint, "c_topic", "c_channel", "50"],
                              capture_output=True, text=True, timeout=60, check=False)
         assert out.returncode == 0, out.stderr
