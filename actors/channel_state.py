@@ -207,23 +207,15 @@ class ChannelState:
 
     def finish(self, client: str, msg_ids: list[bytes]) -> list[BrokerError]:
         """FIN: returns one non-fatal E_FIN_FAILED per id that was not in flight for `client`."""
-        errors = []
-        get, remove = self.in_flight.get, self.in_flight.remove
-        state = self.clients.get(client)
-        done = 0
-        for msg_id in msg_ids:
-            item = get(msg_id)
-            if item is None or item[CLIENT] != client:
-                errors.append(fin_failed(msg_id))
-                continue
-            remove(msg_id)
+        removed, failed = self.in_flight.remove_owned(msg_ids, client, CLIENT)
+        for item in removed:
             if item[HANDLE] is not None:
-                self._release(item[HANDLE], msg_id)
-            done += 1
+                self._release(item[HANDLE], item[ENCODED][10:26])
+        state = self.clients.get(client)
         if state is not None:
-            state.in_flight -= done
-            state.finished += done
-        return errors
+            state.in_flight -= len(removed)
+            state.finished += len(removed)
+        return [fin_failed(msg_id) for msg_id in failed]
 
     def requeue(self, client: str, msg_id: bytes, delay_ns: int, now: int) -> None:
         """REQ: back of the queue now (delay 0) or deferred by `delay_ns`."""
@@ -279,7 +271,9 @@ class ChannelState:
         if ready:
             ready_clients = [c for c in self.clients.values() if c.in_flight < c.rdy]
             deliveries = self.effects.deliveries
-            popleft, push = ready.popleft, self.in_flight.push
+            popleft = ready.popleft
+            flights: list[tuple[bytes, int, InFlight]] = []
+            push = flights.append
             rand, pack_attempts = self.rng.random, _ATTEMPTS.pack
             max_attempts = self.max_attempts
             while ready_clients and ready:
@@ -295,7 +289,7 @@ class ChannelState:
                 i = 0 if n == 1 else int(rand() * n)
                 client = ready_clients[i]
                 encoded = encoded[:8] + pack_attempts(attempts + 1) + encoded[10:]
-                push(encoded[10:26], now + client.msg_timeout_ns, (encoded, handle, client.name))
+                push((encoded[10:26], now + client.msg_timeout_ns, (encoded, handle, client.name)))
                 client.in_flight += 1
                 client.delivered += 1
                 out = deliveries.get(client.name)
@@ -306,6 +300,7 @@ class ChannelState:
                 if client.in_flight >= client.rdy:
                     ready_clients[i] = ready_clients[-1]
                     ready_clients.pop()
+            self.in_flight.push_many(flights)
         if not ready and self.disk_depth and not self.reading and self.durable:
             self.reading = True
             self.effects.disk_read = self.read_batch

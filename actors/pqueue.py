@@ -180,9 +180,42 @@ class KeyedHeap(Generic[T]):
 
 
 class InFlightQueue(KeyedHeap[T]):
-    """Delivered messages by message id, ordered by their timeout deadline (int ns)."""
+    """Delivered messages by message id, ordered by their timeout deadline (int ns).
+
+    Items are tuples whose element ``owner_at`` names the client holding the
+    message; the two batch methods serve a channel's hot path (a delivery
+    pass, a FIN of many ids) with one call instead of one per message.
+    """
 
     __slots__ = ()
+
+    def push_many(self, entries: list[tuple[Any, float, T]]) -> None:
+        """``push`` for ``(msg_id, deadline, item)`` entries whose ids are not in flight."""
+        index, heap, seq, heappush = self._index, self._heap, self._seq, heapq.heappush
+        for msg_id, deadline, item in entries:
+            entry = [deadline, next(seq), msg_id, item]
+            index[msg_id] = entry
+            heappush(heap, entry)
+
+    def remove_owned(self, msg_ids: list[Any], owner: Any, owner_at: int
+                     ) -> tuple[list[T], list[Any]]:
+        """Remove the ids held by ``owner``: ``(their items, the ids that were not)``."""
+        index = self._index
+        removed: list[T] = []
+        failed: list[Any] = []
+        for msg_id in msg_ids:
+            entry = index.get(msg_id)
+            if entry is None or entry[_ITEM][owner_at] != owner:
+                failed.append(msg_id)
+                continue
+            del index[msg_id]
+            removed.append(entry[_ITEM])
+            entry[_KEY] = _DEAD
+            entry[_ITEM] = None
+        heap = self._heap
+        if len(heap) > _COMPACT_MIN and len(heap) > 2 * len(index):
+            self._compact()
+        return removed, failed
 
     def pop_expired(self, now: float, limit: int | None = None) -> list[tuple[Any, T]]:
         """Pop the messages whose deadline is ``<= now``, earliest first (timeouts to requeue)."""

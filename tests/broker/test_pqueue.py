@@ -305,3 +305,15 @@ def test_long_random_sequence_matches_a_simple_model() -> None:
                 del model[k]
         assert len(q) == len(model)
         assert len(q._heap) <= 2 * len(q) + 64
+
+
+def test_push_many_and_remove_owned_serve_a_channels_batches():
+    from actors.pqueue import InFlightQueue
+
+    q: InFlightQueue = InFlightQueue()
+    q.push_many([(b"a", 30, ("ma", "c1")), (b"b", 10, ("mb", "c2")), (b"c", 20, ("mc", "c1"))])
+    assert len(q) == 3
+    removed, failed = q.remove_owned([b"a", b"b", b"zz"], "c1", 1)
+    assert removed == [("ma", "c1")]
+    assert failed == [b"b", b"zz"]
+    assert [k for k, _ in q.pop_expired(100)] == [b"b", b"c"]
