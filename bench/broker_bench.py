@@ -10,7 +10,9 @@ each protocol runs, in this order and each on a fresh topic:
 * **publish**: N producer threads publish ``--messages`` in MPUBs of
   ``--batch`` (HTTP: ``/mpub?binary=true``), waiting for every OK;
 * **consume**: M consumers drain that topic (RDY 2500, FIN per message);
-* **pub+sub**: producers and consumers at once on a fresh topic.
+* **pub+sub**: producers and consumers at once on a fresh topic (the
+  consumers in processes of their own, as nsq's bench_reader is a separate
+  program from bench_writer).
 
 It prints msgs/s and MB/s for each, and for the consumers the p50/p99 of
 publish-to-delivery latency (the message's NSQ timestamp, set when the
@@ -24,6 +26,7 @@ what is measured; nsqd's figures come from Go clients); ZeroMQ uses
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import platform
 import shutil
@@ -35,6 +38,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
+from typing import Any
 
 from actors.broker import Broker
 from actors.broker_options import BrokerOptions
@@ -150,6 +154,19 @@ def publish_http(port: int, topic: str, bodies: list[bytes], batch: int) -> None
             r.read()
 
 
+def _consumer_process(proto: str, address: str, topic: str, count: int, conn: Any) -> None:
+    """A consumer in its own process: says when it is subscribed, returns latencies."""
+    lat: list[float] = []
+    if proto == "zmq":
+        conn.send("ready")
+        consume_zmq(address, topic, "bench", count, lat)
+    else:
+        conn.send("ready")
+        consume_tcp(address, topic, "bench", count, lat)
+    step = max(1, len(lat) // 20_000)  # a sample is enough for the quantiles
+    conn.send(lat[::step])
+
+
 def run_threads(n: int, target: Callable[[int], None]) -> float:
     threads = [threading.Thread(target=target, args=(i,)) for i in range(n)]
     t = time.perf_counter()
@@ -219,16 +236,26 @@ def main() -> None:
             report(f"{proto}: consume (after)", total, a.size, t)
             topic2 = f"bench2_{proto}"
             b.topic_command(topic2, "create_channel", "bench")
-            lat2: list[float] = []
-            consumers = [threading.Thread(target=sub, args=(i, topic2, lat2))
-                         for i in range(a.consumers)]
+            # Consumers in processes of their own (as nsq's bench_reader is a separate
+            # program), so they do not share the publisher's GIL.
+            ctx = multiprocessing.get_context("spawn")
+            pipes, procs = [], []
+            address = b.zmq_endpoint if proto == "zmq" else b.tcp_address
+            for _ in range(a.consumers):
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(target=_consumer_process,
+                                   args=(proto, address, topic2, per_consumer, child))
+                proc.start()
+                pipes.append(parent)
+                procs.append(proc)
+            for parent in pipes:
+                parent.recv()  # subscribed
             start = time.perf_counter()
-            for th in consumers:
-                th.start()
             tp = run_threads(a.producers, lambda i, topic2=topic2: pub(i, topic2))
-            for th in consumers:
-                th.join()
+            lat2 = [x for parent in pipes for x in parent.recv()]
             t = time.perf_counter() - start
+            for proc in procs:
+                proc.join()
             report(f"{proto}: pub+sub, publish", total, a.size, tp)
             report(f"{proto}: pub+sub, consume", total, a.size, t, lat2)
     shutil.rmtree(data, ignore_errors=True)
