@@ -84,6 +84,7 @@ class Mailbox(queue.Queue[Envelope[Any]]):
     def _init(self, maxsize: int) -> None:
         self.queue: deque[Envelope[Any]] = deque()
         self.depth = 0
+        self.current: Envelope[Any] | None = None
 
     def _qsize(self) -> int:
         return self.depth
@@ -95,6 +96,7 @@ class Mailbox(queue.Queue[Envelope[Any]]):
     def _get(self) -> Envelope[Any]:
         item = self.queue.popleft()
         self.depth -= _size(item)
+        self.current = item  # read by Actor.defer_reply, on the same (actor's) thread
         return item
 
     def put_front(self, item: Envelope[Any]) -> None:
@@ -162,6 +164,24 @@ class Actor(pykka.ThreadingActor):
         if isinstance(message, _ActorStop):
             self._stop_requested = True
         return super()._handle_receive(message)
+
+    # -- deferred replies -----------------------------------------------------
+
+    def defer_reply(self) -> Any:
+        """Answer the message being handled later: returns its reply handle (or None).
+
+        Call it from ``on_receive`` of an *asked* message; the ask is then not
+        answered when ``on_receive`` returns, but when ``handle.set(value)``
+        (or ``handle.set_exception(exc_info)``) is called, from this actor's
+        thread, once the work the answer depends on is done -- e.g. a topic
+        that acknowledges a publish only after the disk-queue actors confirm
+        the write.  Returns None for a told message.
+        """
+        envelope = getattr(self.actor_inbox, "current", None)
+        if envelope is None or envelope.reply_to is None:
+            return None
+        handle, envelope.reply_to = envelope.reply_to, None
+        return handle
 
     # -- messaging by name ----------------------------------------------------
 

@@ -21,6 +21,8 @@ class ChannelPut:
     """New messages from the topic (NSQ-encoded)."""
 
     messages: list[bytes]
+    confirm: tuple[str, int] | None = None
+    """`(topic actor, token)`: tell it `Stored(token)` once the messages are on disk."""
 
 
 @message
@@ -29,6 +31,8 @@ class ChannelPutDeferred:
     """Deferred messages from the topic: `(encoded, due_ns)`."""
 
     items: list[tuple[bytes, int]]
+    confirm: tuple[str, int] | None = None
+    """As for `ChannelPut`: confirmed once they are in the delayed store."""
 
 
 @message
@@ -153,6 +157,15 @@ class PublishDone:
 
     corr: int
     error: tuple[str, str, bool] | None
+
+
+@message
+@dataclass(frozen=True)
+class Stored:
+    """To a topic: the write it asked for with `token` is done (error None) or failed."""
+
+    token: int
+    error: tuple[str, str, bool] | None = None
 
 
 @message

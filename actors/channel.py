@@ -40,6 +40,7 @@ from actors.broker_messages import (
     ScanDone,
     ScanRegister,
     ScanUnregister,
+    Stored,
     Sub,
     Touch,
     Unsub,
@@ -56,6 +57,7 @@ from actors.diskqueue_actor import (
     DqPut,
     DqRead,
     DqUndefer,
+    DqWriteFailed,
 )
 from actors.nsq_errors import BrokerError
 from actors.nsq_message import is_ephemeral
@@ -83,6 +85,8 @@ class ChannelActor(Actor):
         self.durable = not is_ephemeral(self.channel)
         self.deleted = False
         self.state = self._new_state()
+        self.put_confirms: list[tuple[str, int]] = []
+        self.defer_confirms: list[tuple[str, int]] = []
 
     def _new_state(self) -> ChannelState:
         o = self.options
@@ -112,12 +116,17 @@ class ChannelActor(Actor):
     def on_receive(self, msg: Any) -> Any:
         s = self.state
         match msg:
-            case ChannelPut(messages=messages):
+            case ChannelPut(messages=messages, confirm=confirm):
                 s.put(list(messages))
-            case ChannelPutDeferred(items=items):
+                self._confirm_when_written(confirm, s.effects.disk_put, self.put_confirms)
+            case ChannelPutDeferred(items=items, confirm=confirm):
                 s.put_deferred([(m, due) for m, due in items])
+                self._confirm_when_written(confirm, s.effects.delayed_add,
+                                           self.defer_confirms)
             case DqMessages(items=items):
                 s.from_disk(items)
+            case DqWriteFailed(count=count):
+                s.disk_depth = max(0, s.disk_depth - count)  # those never reached the disk
             case Sub(client=client, msg_timeout_ms=timeout_ms):
                 s.subscribe(client, timeout_ms * 1_000_000)
             case Rdy(client=client, count=count):
@@ -148,6 +157,17 @@ class ChannelActor(Actor):
                 return None
         self._after()
         return None
+
+    def _confirm_when_written(self, confirm: Any, writes: list[Any],
+                              pending: list[tuple[str, int]]) -> None:
+        """The topic waits for `confirm`: attach it to this message's disk write, or,
+        when nothing had to be written (memory, ephemeral, deleted), confirm now."""
+        if confirm is None:
+            return
+        if writes and not self.deleted:
+            pending.append(tuple(confirm))
+        else:
+            self.tell(confirm[0], Stored(confirm[1]))
 
     def _guard(self, client: str, action: Any) -> None:
         try:
@@ -197,9 +217,11 @@ class ChannelActor(Actor):
     def _apply(self, fx: Effects) -> None:
         dq = self.dq
         if fx.disk_put:
-            self.tell(dq, DqPut(fx.disk_put))
+            self.tell(dq, DqPut(fx.disk_put, tuple(self.put_confirms)))
+            self.put_confirms = []
         if fx.delayed_add:
-            self.tell(dq, DqDefer(fx.delayed_add))
+            self.tell(dq, DqDefer(fx.delayed_add, tuple(self.defer_confirms)))
+            self.defer_confirms = []
         if fx.disk_ack:
             self.tell(dq, DqAck(fx.disk_ack))
         if fx.delayed_remove:

@@ -163,7 +163,8 @@ class ChannelState:
     def from_disk(self, items: list[tuple[int, bytes]]) -> None:
         """A batch read from the disk queue: `(position, encoded)`."""
         self.reading = False
-        self.disk_depth = max(0, self.disk_depth - len(items))
+        # Nothing came back: the disk queue is empty, whatever we counted.
+        self.disk_depth = max(0, self.disk_depth - len(items)) if items else 0
         self.ready.extend(items)
 
     def restore(self, disk_depth: int, deferred: list[tuple[int, bytes, bytes]]) -> None:

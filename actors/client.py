@@ -25,7 +25,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from actors import connections
+from actors import connections, health
 from actors.actor import Actor
 from actors.broker_messages import (
     ClientError,
@@ -145,6 +145,7 @@ class ClientActor(Actor):
                 else:
                     self.outbox.extend(("message", channel, m) for m in messages)
             case PublishDone(corr=seq, error=error):
+                health.record_publish(error)
                 self.pub_done[seq] = error
                 self._answer_publishes()
             case ClientError(error=error):

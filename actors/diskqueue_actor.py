@@ -10,6 +10,13 @@ messages.  `#ephemeral` owners get a `storage.NullQueue` and no delayed store.
 Messages are applied in the order they arrive, which is what the channel's
 effects ordering relies on (a delayed-store add before the ack that releases
 the same message from the disk queue).
+
+A write may carry *confirms*: ``(actor, token)`` pairs told ``Stored(token)``
+once the write is durable -- in the OS after ``put_many`` returns, and with
+``--sync-every=1`` also fsynced.  For the latter the actor does *group
+commit*: it syncs only when its inbox is empty, so every write that queued up
+behind one fsync shares it, and then confirms them all.  A failed write
+(disk full) is confirmed with ``E_PUB_FAILED`` instead.
 """
 
 from __future__ import annotations
@@ -20,9 +27,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors.actor import Actor
+from actors.broker_messages import Stored
 from actors.broker_options import BrokerOptions
 from actors.nsq_message import is_ephemeral
-from storage import DelayedStore, DiskQueue, NullQueue
+from storage import DelayedStore, DiskQueue, NullQueue, StorageError
 from transport.envelope import message
 
 log = logging.getLogger(__name__)
@@ -43,6 +51,8 @@ class DqPut:
     """Append messages (NSQ-encoded) to the disk queue."""
 
     messages: list[bytes]
+    confirms: tuple[tuple[str, int], ...] = ()
+    """`(actor, token)` pairs told `Stored(token)` once the write is durable."""
 
 
 @message
@@ -65,6 +75,15 @@ class DqMessages:
 
 @message
 @dataclass(frozen=True)
+class DqWriteFailed:
+    """To the owner: a `DqPut` of `count` messages failed (disk full); nothing was written."""
+
+    count: int
+    error: str
+
+
+@message
+@dataclass(frozen=True)
 class DqAck:
     """Finished messages: their disk positions can go."""
 
@@ -77,6 +96,8 @@ class DqDefer:
     """Keep messages in the delayed store: `(due_ns, message id, encoded)`."""
 
     entries: list[tuple[int, bytes, bytes]]
+    confirms: tuple[tuple[str, int], ...] = ()
+    """As for `DqPut`."""
 
 
 @message
@@ -120,6 +141,9 @@ class DiskQueueActor(Actor):
         self.is_channel = "/" in self.owner
         self.queue: DiskQueue | NullQueue | None = None
         self.delayed: DelayedStore | None = None
+        self.group_commit = options.sync_every == 1
+        self.unsynced: list[tuple[str, int]] = []
+        self.commits = 0
 
     def on_start(self) -> None:
         self._open()
@@ -134,7 +158,9 @@ class DiskQueueActor(Actor):
         os.makedirs(o.data_path, exist_ok=True)
         self.queue = DiskQueue(stem, o.data_path, max_bytes_per_file=o.max_bytes_per_file,
                                max_msg_size=o.max_msg_size + MESSAGE_HEADER,
-                               sync_every=o.sync_every, sync_timeout=o.sync_timeout,
+                               # with --sync-every=1 this actor syncs itself (group commit)
+                               sync_every=10**9 if self.group_commit else o.sync_every,
+                               sync_timeout=o.sync_timeout,
                                ack_mode=True, cache_low_watermark=o.cache_low_watermark,
                                cache_high_watermark=o.cache_high_watermark)
         if self.is_channel:
@@ -155,16 +181,19 @@ class DiskQueueActor(Actor):
         q = self.queue
         assert q is not None
         match msg:
-            case DqPut(messages=messages):
-                q.put_many(messages)
+            case DqPut(messages=messages, confirms=confirms):
+                if not self._write(lambda: q.put_many(messages), confirms):
+                    owner = f"{'channel' if self.is_channel else 'topic'}:{self.owner}"
+                    self.tell(owner, DqWriteFailed(len(messages), "disk full or failing"))
             case DqRead(limit=limit, reply_to=reply_to):
                 items = q.read_many(limit)
                 self.tell(reply_to, DqMessages(items, q.depth()))
             case DqAck(positions=positions):
                 q.ack_many(positions)
-            case DqDefer(entries=entries):
-                if self.delayed is not None:
-                    self.delayed.add_many(entries)
+            case DqDefer(entries=entries, confirms=confirms):
+                delayed = self.delayed
+                self._write(lambda: delayed.add_many(entries) if delayed is not None else 0,
+                            confirms)
             case DqUndefer(ids=ids):
                 if self.delayed is not None:
                     self.delayed.remove_many(ids)
@@ -183,9 +212,46 @@ class DiskQueueActor(Actor):
                 self.queue, self.delayed = None, None
             case DqStats():
                 stats = q.stats()
+                if "chunks" in stats:  # msgpack maps need str keys
+                    stats["chunks"] = {str(k): v for k, v in stats["chunks"].items()}
+                stats["group_commits"] = self.commits
                 if self.delayed is not None:
                     stats["delayed"] = len(self.delayed)
                 return stats
             case _:
                 log.warning("%s: unexpected message %r", self.name, msg)
+        if self.unsynced and self.actor_inbox.qsize() == 0:
+            self._commit()
         return None
+
+    def _write(self, write: Any, confirms: Any) -> bool:
+        """Do a write; confirm it now, or (group commit) at the next fsync. False if it failed."""
+        try:
+            write()
+        except StorageError as e:
+            log.error("%s: write failed: %s", self.name, e)
+            for actor, token in confirms:
+                self.tell(actor, Stored(token, ("E_PUB_FAILED", f"PUB failed {e}", False)))
+            return False
+        if self.group_commit and isinstance(self.queue, DiskQueue):
+            self.unsynced.extend(tuple(c) for c in confirms)
+            return True
+        for actor, token in confirms:
+            self.tell(actor, Stored(token))
+        return True
+
+    def _commit(self) -> None:
+        """fsync once for every write that queued up, then confirm them all."""
+        confirms, self.unsynced = self.unsynced, []
+        error = None
+        try:
+            if self.queue is not None:
+                self.queue.sync()
+            if self.delayed is not None:
+                self.delayed.sync()
+        except (StorageError, OSError) as e:
+            log.error("%s: fsync failed: %s", self.name, e)
+            error = ("E_PUB_FAILED", f"PUB failed {e}", False)
+        self.commits += 1
+        for actor, token in confirms:
+            self.tell(actor, Stored(token, error))

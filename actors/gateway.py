@@ -23,7 +23,7 @@ import time
 from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
 
-from actors import connections
+from actors import connections, health
 from actors.actor import Actor, current_endpoint
 from actors.broker_messages import ListTopics, Publish, TopicCommand, TopicStats
 from actors.broker_options import BrokerOptions, run_dir_for
@@ -86,7 +86,9 @@ class GatewayFacade:
         return current_endpoint().ask(name, msg, self.timeout)
 
     def publish(self, topic: str, bodies: list[bytes], defer_ms: int = 0) -> None:
-        _raise(self._ask(f"topic:{topic}", Publish(list(bodies), defer_ms)))
+        reply = self._ask(f"topic:{topic}", Publish(list(bodies), defer_ms))
+        health.record_publish(reply)
+        _raise(reply)
 
     def topic_command(self, topic: str, command: str, channel: str = "") -> None:
         if command not in _COMMANDS:
@@ -122,7 +124,7 @@ class GatewayFacade:
         return out
 
     def health(self) -> str | None:
-        return None
+        return health.reason()
 
     def info(self) -> dict[str, Any]:
         o = self.options

@@ -22,11 +22,13 @@ keep no metadata.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import os
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 from actors.actor import Actor
@@ -40,6 +42,7 @@ from actors.broker_messages import (
     Publish,
     PublishDone,
     PublishEncoded,
+    Stored,
     TopicCommand,
     TopicRegister,
     TopicStats,
@@ -47,7 +50,16 @@ from actors.broker_messages import (
 )
 from actors.broker_options import BrokerOptions
 from actors.channel import scanner_for
-from actors.diskqueue_actor import DqAck, DqDelete, DqEmpty, DqMessages, DqOpen, DqPut, DqRead
+from actors.diskqueue_actor import (
+    DqAck,
+    DqDelete,
+    DqEmpty,
+    DqMessages,
+    DqOpen,
+    DqPut,
+    DqRead,
+    DqWriteFailed,
+)
 from actors.nsq_errors import (
     BrokerError,
     bad_body,
@@ -86,6 +98,18 @@ def topics_on_disk(data_path: str) -> list[str]:
                   if e.endswith(META_SUFFIX) and is_valid_topic_name(e[: -len(META_SUFFIX)]))
 
 
+@dataclass
+class _Waiting:
+    """A publish (or a drained batch) waiting for its writes to be confirmed."""
+
+    outstanding: int
+    reply_to: str = ""
+    corr: int = 0
+    handle: Any = None  # a deferred ask's reply handle
+    drained: list[int] | None = None  # positions to ack on the topic's own queue
+    error: tuple[str, str, bool] | None = None
+
+
 class TopicActor(Actor):
     """See the module docstring."""
 
@@ -99,6 +123,10 @@ class TopicActor(Actor):
         self.dq = f"diskqueue:{self.topic}"
         self.meta_path = topic_meta_path(options.data_path, self.topic)
         self.guids = GuidFactory(options.node_id)
+        # --mem-queue-size=0: a publish is answered only when it is on disk everywhere
+        self.durable_ack = options.mem_queue_size == 0 and not self.ephemeral
+        self._tokens = itertools.count(1)
+        self.waiting: dict[int, _Waiting] = {}
         self._reset()
 
     def _reset(self) -> None:
@@ -175,16 +203,30 @@ class TopicActor(Actor):
     def on_receive(self, msg: Any) -> Any:
         match msg:
             case Publish(bodies=bodies, defer_ms=defer_ms, reply_to=reply_to, corr=corr):
-                result = self._guard(lambda: self._publish(list(bodies), defer_ms))
+                token = next(self._tokens) if self.durable_ack else 0
+                expected = 0
+                try:
+                    expected = self._publish(list(bodies), defer_ms, token)
+                    result = None
+                except BrokerError as e:
+                    result = e.to_wire()
+                if expected:  # answered by _stored() when every write is confirmed
+                    self.waiting[token] = _Waiting(
+                        expected, reply_to, corr, None if reply_to else self.defer_reply())
+                    return None
                 if not reply_to:
                     return result
                 self.tell(reply_to, PublishDone(corr, result))
+            case Stored(token=token, error=error):
+                self._stored(token, error)
             case PublishEncoded(messages=messages):
                 self._ensure_exists()
                 self.message_count += len(messages)
                 self._route(list(messages))
             case DqMessages(items=items):
                 self._from_disk(items)
+            case DqWriteFailed(count=count):
+                self.disk_depth = max(0, self.disk_depth - count)  # never reached the disk
             case ChannelUp(channel=channel):
                 if channel not in self.channels and is_valid_channel_name(channel):
                     self.channels[channel] = False
@@ -215,7 +257,8 @@ class TopicActor(Actor):
 
     # ------------------------------------------------------------------ publish
 
-    def _publish(self, bodies: list[bytes], defer_ms: int) -> None:
+    def _publish(self, bodies: list[bytes], defer_ms: int, token: int = 0) -> int:
+        """Validate, encode and hand on a publish; returns how many confirmations to await."""
         o = self.options
         verb = "DPUB" if defer_ms else ("MPUB" if len(bodies) > 1 else "PUB")
         if not self.valid:
@@ -236,36 +279,59 @@ class TopicActor(Actor):
         encoded = encode_batch(ids, now, bodies)
         self.message_count += len(encoded)
         self.message_bytes += sum(map(len, bodies))
+        confirm = (self.name, token) if token else None
         if defer_ms:
             due = now + defer_ms * 1_000_000
             items = [(m, due) for m in encoded]
             if self.channels:
                 for channel in self.channels:
-                    self.tell(self._channel_name(channel), ChannelPutDeferred(items))
-            else:
+                    self.tell(self._channel_name(channel), ChannelPutDeferred(items, confirm))
+                return len(self.channels) if confirm else 0
+            if not confirm:
                 self.deferred.extend(items)
-            return
-        self._route(encoded)
+                return 0
+            # durable and no channel yet: kept on disk as a plain message (the delay is lost)
+        return self._route(encoded, confirm)
 
-    def _route(self, encoded: list[bytes]) -> None:
+    def _route(self, encoded: list[bytes], confirm: tuple[str, int] | None = None) -> int:
+        """Fan out, or keep in memory / on disk; returns the confirmations to await."""
         if self.channels and not self.paused and not self.memory and not self.disk_depth:
-            self._fanout(encoded)
-            return
+            self._fanout(encoded, confirm)
+            return len(self.channels) if confirm else 0
         room = max(0, self.options.mem_queue_size - len(self.memory))
         if not self.disk_depth:
             self.memory.extend(encoded[:room])
             encoded = encoded[room:]
         if not encoded:
-            return
+            return 0
         if self.ephemeral:
             self.dropped += len(encoded)
-            return
-        self.tell(self.dq, DqPut(encoded))
+            return 0
+        self.tell(self.dq, DqPut(encoded, (confirm,) if confirm else ()))
         self.disk_depth += len(encoded)
+        return 1 if confirm else 0
 
-    def _fanout(self, encoded: list[bytes]) -> None:
+    def _fanout(self, encoded: list[bytes], confirm: tuple[str, int] | None = None) -> None:
         for channel in self.channels:
-            self.tell(self._channel_name(channel), ChannelPut(encoded))
+            self.tell(self._channel_name(channel), ChannelPut(encoded, confirm))
+
+    def _stored(self, token: int, error: tuple[str, str, bool] | None) -> None:
+        """A write confirmed: answer the publish (or ack the drained batch) after the last."""
+        w = self.waiting.get(token)
+        if w is None:
+            return
+        w.outstanding -= 1
+        w.error = w.error or (tuple(error) if error else None)
+        if w.outstanding > 0:
+            return
+        del self.waiting[token]
+        if w.drained is not None:
+            if w.error is None:
+                self.tell(self.dq, DqAck(w.drained))
+        elif w.reply_to:
+            self.tell(w.reply_to, PublishDone(w.corr, w.error))
+        elif w.handle is not None:
+            w.handle.set(w.error)
 
     def _drain(self) -> None:
         """Hand what was kept to the channels (when there are channels and no pause)."""
@@ -290,8 +356,14 @@ class TopicActor(Actor):
             self.disk_depth = 0
             return
         if self.channels and not self.paused:
-            self._fanout([m for _, m in items])
-            self.tell(self.dq, DqAck([p for p, _ in items]))
+            if self.durable_ack:  # ack the topic's queue only when the channels have them
+                token = next(self._tokens)
+                self.waiting[token] = _Waiting(len(self.channels),
+                                               drained=[p for p, _ in items])
+                self._fanout([m for _, m in items], (self.name, token))
+            else:
+                self._fanout([m for _, m in items])
+                self.tell(self.dq, DqAck([p for p, _ in items]))
             self._drain()
         else:  # paused (or channels gone) meanwhile: leave them on disk for later
             self.disk_depth += len(items)

@@ -84,6 +84,39 @@ class Recorder(Actor):
         return None
 
 
+@message
+@dataclass(frozen=True)
+class Later:
+    """Ask: answered only when a ``Release`` arrives (a deferred reply)."""
+
+
+@message
+@dataclass(frozen=True)
+class Release:
+    """Answer every pending ``Later`` with ``value``."""
+
+    value: int
+    """The answer."""
+
+
+class Deferrer(Actor):
+    """Keeps the replies to ``Later`` asks and answers them on ``Release``."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.waiting: list[Any] = []
+
+    def on_receive(self, msg: Any) -> Any:
+        match msg:
+            case Later():
+                self.waiting.append(self.defer_reply())
+            case Release(value=value):
+                for handle in self.waiting:
+                    handle.set(value)
+                self.waiting.clear()
+        return None
+
+
 class StopMarker(Actor):
     """Writes ``<ACTORS_TEST_MARKERS>/<name>.stopped`` in on_stop (storage closed)."""
 
@@ -113,6 +146,7 @@ FACTORIES = {
     "channel": Recorder,
     "client": Recorder,
     "marker": StopMarker,
+    "defer": Deferrer,
     "slowstop": SlowStop,
 }
 """Factories by name prefix used by the runtime tests."""

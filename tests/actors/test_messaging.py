@@ -177,3 +177,23 @@ def test_an_ask_the_receiver_cannot_decode_fails_fast_instead_of_timing_out(
     with pytest.raises(RemoteActorError, match="unknown message tag"):
         rt.ask("rec:x", OnlyInTheTestProcess(), timeout=10)
     assert time.monotonic() - started < 5
+
+
+def test_an_actor_can_answer_an_ask_later_with_a_deferred_reply(
+        start_runtime: StartRuntime) -> None:
+    import threading
+
+    from tests.actors.helpers import Later, Release
+
+    rt = start_runtime()
+    answers: list[int] = []
+    asked = threading.Thread(target=lambda: answers.append(rt.ask("defer:x", Later(), 10)))
+    asked.start()
+    # The ask is not answered by on_receive's return...
+    wait_until(lambda: any(a.name == "defer:x" and a.handled >= 1 for a in rt.actors()),
+               what="the ask to be handled")
+    assert answers == []
+    # ...but when the actor sets the reply it kept.
+    rt.tell("defer:x", Release(7))
+    asked.join(10)
+    assert answers == [7]
