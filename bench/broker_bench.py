@@ -196,16 +196,19 @@ def main() -> None:
     ap.add_argument("--consumers", type=int, default=1)
     ap.add_argument("--protocols", default="tcp,zmq,http")
     ap.add_argument("--mem-queue-size", type=int, default=10000)
+    ap.add_argument("--sync-every", type=int, default=2500)
     ap.add_argument("--workers", type=int, default=2)
     a = ap.parse_args()
     data = tempfile.mkdtemp(prefix="bb", dir="/tmp")
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"Python {platform.python_version()}; load {os.getloadavg()}")
     print(f"{a.messages} messages of {a.size} B, MPUB batch {a.batch}, {a.producers} producer(s),"
-          f" {a.consumers} consumer(s), mem-queue-size {a.mem_queue_size}, {a.workers} workers")
+          f" {a.consumers} consumer(s), mem-queue-size {a.mem_queue_size}, sync-every"
+          f" {a.sync_every}, {a.workers} workers")
     opts = BrokerOptions(data_path=data, workers=a.workers, http_address="127.0.0.1:0",
                          tcp_address="127.0.0.1:0", zmq_address="tcp://127.0.0.1:0",
-                         mem_queue_size=a.mem_queue_size, log_level="warn")
+                         mem_queue_size=a.mem_queue_size, sync_every=a.sync_every,
+                         log_level="warn")
     body = b"x" * a.size
     per_producer = a.messages // a.producers
     total = per_producer * a.producers
