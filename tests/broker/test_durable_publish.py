@@ -134,3 +134,42 @@ def test_a_full_disk_answers_pub_failed_and_publishing_resumes_when_space_return
         assert _http_pub(b, "full", b"again") == 200
         assert _ping(b) == "OK"
         assert _channel_depth(b, "full", "c") == accepted + 2
+
+
+def test_a_corrupt_chunk_found_at_start_is_skipped_and_the_rest_is_served(tmp_path):
+    data = tmp_path / "data"
+    opts = {"mem_queue_size": 0, "max_bytes_per_file": 4096}
+    # Given a channel whose queue spans several chunk files
+    with Broker(broker_options(data, **opts)) as b:
+        b.topic_command("bad", "create_channel", "c")
+        wait_for(lambda: _channel_depth(b, "bad", "c") == 0, what="channel")
+        for i in range(60):
+            b.publish("bad", [b"%03d" % i + b"." * 100])
+    chunks = sorted(data.glob("bad:c.diskqueue.0*.dat"))
+    assert len(chunks) >= 3
+    # When a byte in the middle of the first chunk is flipped while the broker is down
+    raw = bytearray(chunks[0].read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    chunks[0].write_bytes(bytes(raw))
+    # Then the broker starts, counts the damage, and serves every intact message
+    with Broker(broker_options(data, **opts)) as b:
+        got: set[bytes] = set()
+        lock = threading.Lock()
+
+        def handler(m) -> None:
+            with lock:
+                got.add(m.body)
+
+        from transport.client import Consumer
+
+        with Consumer("bad", "c", handler, b.zmq_endpoint, max_in_flight=100):
+            wait_for(lambda: _channel_depth(b, "bad", "c") == 0 and len(got) > 0, timeout=30,
+                     what="the intact messages")
+            wait_for(lambda: b.topic_stats("bad")["channels"][0]["in_flight_count"] == 0,
+                     what="all finished")
+        stats = b.supervisor.ask("diskqueue:bad/c", DqStats(), 10)
+        assert stats["corruptions"] >= 1
+        lost = 60 - len(got)
+        assert 0 < lost < 60
+        assert got <= {b"%03d" % i + b"." * 100 for i in range(60)}
+        assert {b"%03d" % i + b"." * 100 for i in range(45, 60)} <= got  # later chunks intact
