@@ -47,10 +47,12 @@ class Sub:
 @message
 @dataclass(frozen=True)
 class Rdy:
-    """A client's RDY count."""
+    """A client's RDY count; also its periodic lease refresh (a channel that restarted
+    and lost its subscriptions re-learns the client from it)."""
 
     client: str
     count: int
+    msg_timeout_ms: int = 0
 
 
 @message

@@ -56,6 +56,7 @@ from actors.diskqueue_actor import (
     DqOpen,
     DqPut,
     DqRead,
+    DqReopened,
     DqUndefer,
     DqWriteFailed,
 )
@@ -97,7 +98,8 @@ class ChannelActor(Actor):
     # ---------------------------------------------------------------- lifecycle
 
     def on_start(self) -> None:
-        depth, deferred = self.ask(self.dq, DqOpen(), timeout=30)
+        # rewind: a restarted channel lost its in-flight list; offer those messages again
+        depth, deferred = self.ask(self.dq, DqOpen(rewind=True), timeout=30)
         self.state.restore(depth if self.durable else 0, [tuple(e) for e in deferred])
         self.tell(scanner_for(self.topic, self.options.workers), ScanRegister(self.key))
         self.tell(f"topic:{self.topic}", ChannelUp(self.channel))
@@ -129,8 +131,15 @@ class ChannelActor(Actor):
                 s.disk_depth = max(0, s.disk_depth - count)  # those never reached the disk
             case Sub(client=client, msg_timeout_ms=timeout_ms):
                 s.subscribe(client, timeout_ms * 1_000_000)
-            case Rdy(client=client, count=count):
+            case Rdy(client=client, count=count, msg_timeout_ms=timeout_ms):
+                if timeout_ms and client not in s.clients:
+                    s.subscribe(client, timeout_ms * 1_000_000)  # re-learned after a restart
                 self._guard(client, lambda: s.set_rdy(client, count))
+            case DqReopened():
+                if self.durable and not self.deleted:
+                    depth, _ = self.ask(self.dq, DqOpen(), timeout=30)
+                    s.disk_depth = depth
+                    s.reading = False
             case Fin(client=client, ids=ids):
                 for error in s.finish(client, list(ids)):
                     self.tell(client, ClientError(error.to_wire()))

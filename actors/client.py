@@ -106,6 +106,12 @@ class ClientClose:
 
 @message
 @dataclass(frozen=True)
+class ClientTick:
+    """The connection's heartbeat: refresh the subscription's lease with the channel."""
+
+
+@message
+@dataclass(frozen=True)
 class ClientTake:
     """Ask: up to `limit` outbox entries, oldest first (removed from the outbox)."""
 
@@ -150,6 +156,9 @@ class ClientActor(Actor):
                 self._answer_publishes()
             case ClientError(error=error):
                 self._error(BrokerError(error[1], fatal=error[2], code=error[0]))
+            case ClientTick():
+                if self.channel is not None:
+                    self.tell(self.channel, Rdy(self.name, self.rdy, self.msg_timeout_ms))
             case ClientTake(limit=limit):
                 n = min(limit, len(self.outbox))
                 return [self.outbox.popleft() for _ in range(n)]
@@ -187,7 +196,7 @@ class ClientActor(Actor):
                 if not 0 <= count <= o.max_rdy_count:
                     raise invalid(f"RDY count {count} out of range 0-{o.max_rdy_count}")
                 self.rdy = count
-                self.tell(self.channel, Rdy(self.name, count))
+                self.tell(self.channel, Rdy(self.name, count, self.msg_timeout_ms))
             case ClientFin(ids=ids):
                 self._require_sub("FIN")
                 self.tell(self.channel, Fin(self.name, list(ids)))

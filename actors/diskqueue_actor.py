@@ -42,7 +42,19 @@ MESSAGE_HEADER = 26
 @message
 @dataclass(frozen=True)
 class DqOpen:
-    """Ask: open (or report on) the storage. Reply: `(depth, deferred entries)`."""
+    """Ask: open (or report on) the storage. Reply: `(depth, deferred entries)`.
+
+    `rewind`: the owner (re)started and lost its in-flight state, so every
+    message read but not acked is offered again (the queue reopens at its floor).
+    """
+
+    rewind: bool = False
+
+
+@message
+@dataclass(frozen=True)
+class DqReopened:
+    """To the owner: this disk-queue actor (re)started; re-sync with `DqOpen`."""
 
 
 @message
@@ -147,6 +159,9 @@ class DiskQueueActor(Actor):
 
     def on_start(self) -> None:
         self._open()
+        # After a crash of this actor, its owner's idea of the queue (reads in progress,
+        # depth) is stale: tell it to re-sync.  A first start is told too (harmless).
+        self.tell(f"{'channel' if self.is_channel else 'topic'}:{self.owner}", DqReopened())
 
     def _open(self) -> None:
         o = self.options
@@ -197,7 +212,12 @@ class DiskQueueActor(Actor):
             case DqUndefer(ids=ids):
                 if self.delayed is not None:
                     self.delayed.remove_many(ids)
-            case DqOpen():
+            case DqOpen(rewind=rewind):
+                if rewind and q.pending():
+                    q.close()
+                    self._open()
+                    q = self.queue
+                    assert q is not None
                 deferred = self.delayed.entries() if self.delayed is not None else []
                 # Un-acked messages of an earlier life are readable again: depth counts them.
                 return q.depth() + q.pending(), deferred

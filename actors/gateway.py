@@ -35,6 +35,7 @@ from actors.client import (
     ClientRdy,
     ClientReq,
     ClientSub,
+    ClientTick,
     ClientTouch,
 )
 from actors.control import ControlClient
@@ -229,6 +230,12 @@ class ProtocolBridge:
         name = self.actor_name(session)
         if connections.unregister(name) is not None:
             current_endpoint().tell(name, ClientClose())
+
+    def on_heartbeat(self, session: str) -> None:
+        """Heartbeats double as the subscription's lease refresh (see `ClientTick`)."""
+        name = self.actor_name(session)
+        if connections.lookup(name) is not None:
+            current_endpoint().tell(name, ClientTick())
 
 
 def to_client_message(command: Any, corr: bytes | None) -> Any:

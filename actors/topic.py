@@ -58,6 +58,7 @@ from actors.diskqueue_actor import (
     DqOpen,
     DqPut,
     DqRead,
+    DqReopened,
     DqWriteFailed,
 )
 from actors.nsq_errors import (
@@ -225,6 +226,12 @@ class TopicActor(Actor):
                 self._route(list(messages))
             case DqMessages(items=items):
                 self._from_disk(items)
+            case DqReopened():
+                if not self.ephemeral and self.valid:
+                    depth, _ = self.ask(self.dq, DqOpen(), timeout=30)
+                    self.disk_depth = depth
+                    self.reading = False
+                    self._drain()
             case DqWriteFailed(count=count):
                 self.disk_depth = max(0, self.disk_depth - count)  # never reached the disk
             case ChannelUp(channel=channel):

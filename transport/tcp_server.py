@@ -137,6 +137,10 @@ class _Conn(asyncio.Protocol):
             self.close()
             return
         self.write(HEARTBEAT_FRAME)
+        try:
+            self.server.handler.on_heartbeat(self.name)
+        except Exception:
+            log.exception("tcp handler failed on a heartbeat of %s", self.name)
         self._schedule()
 
     def write(self, data: bytes) -> None:

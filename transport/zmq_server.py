@@ -52,11 +52,17 @@ _ids = itertools.count()
 
 
 class Handler(Protocol):
-    """The broker side of the loop (called on the loop's thread: must not block long)."""
+    """The broker side of the loop (called on the loop's thread: must not block long).
+
+    ``on_heartbeat`` is called every time a session is sent a heartbeat.
+    """
 
     def on_command(self, session: str, corr: bytes | None, command: Command) -> None: ...
 
     def on_close(self, session: str) -> None: ...
+
+    def on_heartbeat(self, session: str) -> None:
+        """A heartbeat was just sent to ``session`` (the broker refreshes leases on it)."""
 
 
 @dataclass
@@ -238,6 +244,10 @@ class ZmqServer:
             elif now - s.last_beat >= interval:
                 s.last_beat = now
                 self._router.send_multipart([rid, *encode_heartbeat()])
+                try:
+                    self.handler.on_heartbeat(s.name)
+                except Exception:
+                    log.exception("zmq handler failed on a heartbeat of %s", s.name)
 
     def _close(self, rid: bytes, *, notify: bool) -> None:
         s = self._sessions.pop(rid, None)

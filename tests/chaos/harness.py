@@ -1,0 +1,255 @@
+"""The chaos harness: a broker as a subprocess, a workload, a nemesis and a checker.
+
+The checker follows Jepsen's total-queue: every acknowledged publish must be
+delivered (lost = acknowledged - delivered must be empty) and nothing that
+was never published may appear (unexpected = delivered - attempted);
+duplicates are allowed (at least once) and counted.
+
+Everything random comes from one seeded ``random.Random`` per thread role
+(derived from the run's seed), so a failing run can be replayed with the
+printed seed; the timing of the operating system still varies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from transport import protocol_commands as pc
+from transport.client import Consumer, Message, Producer
+from transport.nsq_v2_client import ClientConnection
+
+TOPIC = "chaos"
+CHANNEL = "check"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class BrokerProcess:
+    """`python -m actors.broker` in its own session (so the whole tree can be killed)."""
+
+    def __init__(self, data: Path, log: Path) -> None:
+        self.data = data
+        self.log = log
+        self.tcp, self.http, self.zmq = free_port(), free_port(), free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def zmq_endpoint(self) -> str:
+        return f"tcp://127.0.0.1:{self.zmq}"
+
+    def start(self) -> None:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "actors.broker", "--data-path", str(self.data),
+                 "--workers", "2", "--mem-queue-size", "0", "--debug-hooks",
+                 "--msg-timeout", "3s", "--queue-scan-interval", "50ms",
+                 "--tcp-address", f"127.0.0.1:{self.tcp}",
+                 "--http-address", f"127.0.0.1:{self.http}",
+                 "--zmq-address", self.zmq_endpoint, "--log-level", "warn"],
+                stdout=log, stderr=log, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.ping():
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"broker exited with {self.proc.returncode}; see {self.log}")
+            time.sleep(0.1)
+        raise RuntimeError("broker did not come up")
+
+    def ping(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.http}/ping",
+                                        timeout=2) as r:
+                return r.status == 200
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def stats(self) -> dict:
+        with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.http}/stats?format=json&topic={TOPIC}",
+                timeout=10) as r:
+            return json.loads(r.read())
+
+    def processes(self) -> list:
+        """The runtime's processes (name, role, pid), from its control channel."""
+        from actors.broker_options import run_dir_for
+        from actors.control import ControlClient
+
+        with ControlClient(run_dir_for(str(self.data)), timeout=5) as ctl:
+            return ctl.ps()
+
+    def kill_all(self) -> None:
+        """SIGKILL the supervisor and every child (power-cut style for the processes)."""
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.kill_all()
+
+    def ctl_crash(self, name: str) -> None:
+        from actors.broker_options import run_dir_for
+
+        subprocess.run([sys.executable, "-m", "actors.ctl", "--run-dir",
+                        run_dir_for(str(self.data)), "crash", name],
+                       capture_output=True, timeout=30, check=False)
+
+
+@dataclass
+class Ledger:
+    """What the workload did, for the checker (shared by threads, under a lock)."""
+
+    attempted: set[bytes] = field(default_factory=set)
+    acknowledged: set[bytes] = field(default_factory=set)
+    delivered: dict[bytes, int] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def attempt(self, body: bytes) -> None:
+        with self.lock:
+            self.attempted.add(body)
+
+    def ack(self, body: bytes) -> None:
+        with self.lock:
+            self.acknowledged.add(body)
+
+    def deliver(self, body: bytes) -> None:
+        with self.lock:
+            self.delivered[body] = self.delivered.get(body, 0) + 1
+
+    def check(self) -> dict[str, int]:
+        with self.lock:
+            delivered = set(self.delivered)
+            return {
+                "attempted": len(self.attempted),
+                "acknowledged": len(self.acknowledged),
+                "delivered": len(delivered),
+                "lost": len(self.acknowledged - delivered),
+                "unexpected": len(delivered - self.attempted),
+                "duplicated": sum(n - 1 for n in self.delivered.values() if n > 1),
+            }
+
+    def lost(self) -> list[bytes]:
+        with self.lock:
+            return sorted(self.acknowledged - set(self.delivered))[:10]
+
+
+def zmq_producer(broker: BrokerProcess, ledger: Ledger, stop: threading.Event, tag: str,
+                 rng: random.Random) -> None:
+    n = 0
+    while not stop.is_set():
+        try:
+            with Producer(broker.zmq_endpoint, timeout=3, max_attempts=1) as p:
+                while not stop.is_set():
+                    bodies = [b"%s-%d" % (tag.encode(), n + i) for i in range(rng.randint(1, 5))]
+                    n += len(bodies)
+                    for body in bodies:
+                        ledger.attempt(body)
+                    if rng.random() < 0.1:
+                        p.deferred_publish(TOPIC, rng.randint(100, 1500), bodies[0])
+                        bodies = bodies[:1]
+                    else:
+                        p.multi_publish(TOPIC, bodies)
+                    for body in bodies:
+                        ledger.ack(body)
+                    time.sleep(rng.random() * 0.01)
+        except Exception:
+            stop.wait(0.2)
+
+
+def tcp_producer(broker: BrokerProcess, ledger: Ledger, stop: threading.Event, tag: str,
+                 rng: random.Random) -> None:
+    n = 0
+    while not stop.is_set():
+        try:
+            sock = socket.create_connection(("127.0.0.1", broker.tcp), timeout=3)
+        except OSError:
+            stop.wait(0.2)
+            continue
+        codec = ClientConnection()
+        try:
+            while not stop.is_set():
+                body = b"%s-%d" % (tag.encode(), n)
+                n += 1
+                ledger.attempt(body)
+                sock.sendall(codec.send(pc.Pub(TOPIC, body)))
+                answer = None
+                while answer is None:
+                    event = codec.next_event()
+                    if event is NEED_DATA:
+                        data = sock.recv(65536)
+                        codec.receive_data(data)
+                        if not data:
+                            raise ConnectionError("closed")
+                    elif isinstance(event, pc.Heartbeat):
+                        sock.sendall(codec.send(pc.Nop()))
+                    else:
+                        answer = event
+                if getattr(answer, "data", None) == b"OK":
+                    ledger.ack(body)
+                time.sleep(rng.random() * 0.01)
+        except (OSError, ConnectionError):
+            stop.wait(0.2)
+        finally:
+            sock.close()
+
+
+def http_producer(broker: BrokerProcess, ledger: Ledger, stop: threading.Event, tag: str,
+                  rng: random.Random) -> None:
+    n = 0
+    while not stop.is_set():
+        body = b"%s-%d" % (tag.encode(), n)
+        n += 1
+        ledger.attempt(body)
+        req = urllib.request.Request(f"http://127.0.0.1:{broker.http}/pub?topic={TOPIC}",
+                                     data=body, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=3) as r:  # noqa: S310 - loopback
+                if r.status == 200:
+                    ledger.ack(body)
+        except (OSError, urllib.error.URLError):
+            stop.wait(0.2)
+        time.sleep(rng.random() * 0.02)
+
+
+def consumer(broker: BrokerProcess, ledger: Ledger, rng: random.Random) -> Consumer:
+    """A consumer that REQs about 5 % of first deliveries and sits on 0.2 % past the timeout."""
+    lock = threading.Lock()
+
+    def handle(m: Message) -> None:
+        with lock:
+            roll = rng.random()
+        if m.attempts == 1 and roll < 0.05:
+            m.requeue(rng.randint(0, 300))
+            return
+        if m.attempts == 1 and roll < 0.052:
+            time.sleep(3.5)  # past the 3 s message timeout: it is redelivered
+        ledger.deliver(m.body)
+
+    return Consumer(TOPIC, CHANNEL, handle, broker.zmq_endpoint, max_in_flight=200,
+                    heartbeat_interval_ms=5000, msg_timeout_ms=3000, max_backoff=0.5).start()
+
+
+NEED_DATA = __import__("transport.nsq_v2", fromlist=["NEED_DATA"]).NEED_DATA
