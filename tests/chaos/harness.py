@@ -87,6 +87,17 @@ class BrokerProcess:
                 timeout=10) as r:
             return json.loads(r.read())
 
+    def rss(self) -> dict[str, int]:
+        """Resident memory of every broker process, by name (bytes)."""
+        import psutil
+
+        out = {}
+        for p in self.processes():
+            if p.pid:
+                with contextlib.suppress(psutil.Error):
+                    out[p.name] = psutil.Process(p.pid).memory_info().rss
+        return out
+
     def processes(self) -> list:
         """The runtime's processes (name, role, pid), from its control channel."""
         from actors.broker_options import run_dir_for
@@ -125,6 +136,7 @@ class Ledger:
     attempted: set[bytes] = field(default_factory=set)
     acknowledged: set[bytes] = field(default_factory=set)
     delivered: dict[bytes, int] = field(default_factory=dict)
+    latencies: list[float] = field(default_factory=list)  # publish -> delivery, seconds
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def attempt(self, body: bytes) -> None:
@@ -135,9 +147,11 @@ class Ledger:
         with self.lock:
             self.acknowledged.add(body)
 
-    def deliver(self, body: bytes) -> None:
+    def deliver(self, body: bytes, published_ns: int = 0) -> None:
         with self.lock:
             self.delivered[body] = self.delivered.get(body, 0) + 1
+            if published_ns and len(self.latencies) < 1_000_000:
+                self.latencies.append(time.time() - published_ns / 1e9)
 
     def check(self) -> dict[str, int]:
         with self.lock:
@@ -246,7 +260,7 @@ def consumer(broker: BrokerProcess, ledger: Ledger, rng: random.Random) -> Consu
             return
         if m.attempts == 1 and roll < 0.052:
             time.sleep(3.5)  # past the 3 s message timeout: it is redelivered
-        ledger.deliver(m.body)
+        ledger.deliver(m.body, m.timestamp)
 
     return Consumer(TOPIC, CHANNEL, handle, broker.zmq_endpoint, max_in_flight=200,
                     heartbeat_interval_ms=5000, msg_timeout_ms=3000, max_backoff=0.5).start()

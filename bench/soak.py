@@ -1,0 +1,103 @@
+"""Soak: producers and consumers against a broker under the chaos nemesis, for a set time.
+
+    python -m bench.soak [--seconds 120] [--seed 1] [--no-nemesis]
+
+Runs the chaos workload of ``tests/chaos`` (ZeroMQ, NSQ TCP and HTTP
+producers publishing unique ids, two consumers, a broker with
+``--mem-queue-size=0``) and, every 5 s, prints the acknowledged and delivered
+throughput of the interval and the resident memory of every broker process.
+At the end it drains the channel and prints the checker's counts (lost must
+be 0), the publish-to-delivery p50/p99 and the peak memory per process.
+Memory should stay flat while the backlog grows: it is bounded by the
+buffers and the chunk cache, not by the number of messages stored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from tests.chaos.harness import (
+    BrokerProcess,
+    Ledger,
+    consumer,
+    http_producer,
+    tcp_producer,
+    zmq_producer,
+)
+from tests.chaos.test_chaos import nemesis
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=120)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--no-nemesis", action="store_true")
+    a = ap.parse_args()
+    rng = random.Random(a.seed)
+    work = Path(tempfile.mkdtemp(prefix="soak", dir="/tmp"))
+    broker = BrokerProcess(work / "data", work / "broker.log")
+    broker.start()
+    ledger = Ledger()
+    stop_load, stop_nemesis = threading.Event(), threading.Event()
+    actions: list[str] = []
+    consumers = [consumer(broker, ledger, random.Random(rng.random())) for _ in range(2)]
+    threads = [threading.Thread(target=f, args=(broker, ledger, stop_load, tag,
+                                                random.Random(rng.random())))
+               for f, tag in ((zmq_producer, "z1"), (zmq_producer, "z2"),
+                              (tcp_producer, "t1"), (http_producer, "h1"))]
+    if not a.no_nemesis:
+        threads.append(threading.Thread(target=nemesis, args=(
+            broker, stop_nemesis, random.Random(rng.random()), actions)))
+    peak: dict[str, int] = {}
+    print(f"soak: {a.seconds:.0f} s, seed {a.seed}, nemesis {'off' if a.no_nemesis else 'on'}")
+    print(f"{'t':>5} {'acked/s':>9} {'delivered/s':>12}  rss MiB by process")
+    for t in threads:
+        t.start()
+    start = time.monotonic()
+    last = ledger.check()
+    while time.monotonic() - start < a.seconds:
+        time.sleep(5)
+        now = ledger.check()
+        try:
+            rss = broker.rss()
+        except Exception:
+            rss = {}
+        for name, value in rss.items():
+            peak[name] = max(peak.get(name, 0), value)
+        acked = (now["acknowledged"] - last["acknowledged"]) / 5
+        delivered = (now["delivered"] - last["delivered"]) / 5
+        print(f"{time.monotonic() - start:5.0f} {acked:9.0f} {delivered:12.0f}  "
+              + " ".join(f"{k}={v / 2**20:.0f}" for k, v in sorted(rss.items())), flush=True)
+        last = now
+    stop_nemesis.set()
+    stop_load.set()
+    for t in threads:
+        t.join(120)
+    if not broker.ping():
+        broker.kill_all()
+        broker.start()
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and ledger.check()["lost"]:
+        time.sleep(1)
+    result = ledger.check()
+    for c in consumers:
+        c.close(timeout=5)
+    broker.stop()
+    lat = sorted(ledger.latencies)
+    q = statistics.quantiles(lat, n=100) if len(lat) > 100 else [0.0] * 99
+    print(f"nemesis: {actions}")
+    print(f"checker: {result}; duplicate rate "
+          f"{result['duplicated'] / max(1, result['delivered']):.1%}")
+    print(f"publish-to-delivery latency p50 {q[49] * 1000:.1f} ms, p99 {q[98] * 1000:.1f} ms")
+    print("peak rss MiB: " + " ".join(f"{k}={v / 2**20:.0f}" for k, v in sorted(peak.items())))
+
+
+if __name__ == "__main__":
+    main()
