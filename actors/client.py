@@ -101,7 +101,13 @@ class ClientPub:
 @message
 @dataclass(frozen=True)
 class ClientClose:
-    """CLS or a dropped connection: in-flight messages go back to the channel at once."""
+    """CLS: no more deliveries; messages in flight can still be FINed or REQed."""
+
+
+@message
+@dataclass(frozen=True)
+class ClientGone:
+    """The connection dropped: its in-flight messages go back to the channel at once."""
 
 
 @message
@@ -190,6 +196,8 @@ class ClientActor(Actor):
                     raise bad_channel(channel, "SUB")
                 self.channel = f"channel:{topic}/{channel}"
                 self.tell(self.channel, Sub(self.name, self.msg_timeout_ms))
+            case ClientRdy() if self.closed:
+                pass  # nsqd ignores RDY after CLS
             case ClientRdy(count=count):
                 if self.channel is None:
                     raise invalid("cannot RDY in current state")
@@ -216,8 +224,15 @@ class ClientActor(Actor):
                 self.pubs.append((self.pub_seq, corr))
                 self.tell(f"topic:{topic}", Publish(list(bodies), defer_ms, self.name,
                                                     self.pub_seq))
-            case ClientClose():
+            case ClientGone():
                 self._leave()
+                self.closed = True
+            case ClientClose():
+                # nsqd's CLS: no more deliveries, but the messages in flight stay this
+                # client's to FIN or REQ until it disconnects (which requeues them).
+                if self.channel is not None and self.rdy:
+                    self.rdy = 0
+                    self.tell(self.channel, Rdy(self.name, 0, self.msg_timeout_ms))
                 self.closed = True
             case _:
                 raise invalid(f"invalid command {type(msg).__name__}")

@@ -30,6 +30,7 @@ from actors.broker_options import BrokerOptions, run_dir_for
 from actors.client import (
     ClientClose,
     ClientFin,
+    ClientGone,
     ClientIdentify,
     ClientPub,
     ClientRdy,
@@ -229,7 +230,7 @@ class ProtocolBridge:
     def on_close(self, session: str) -> None:
         name = self.actor_name(session)
         if connections.unregister(name) is not None:
-            current_endpoint().tell(name, ClientClose())
+            current_endpoint().tell(name, ClientGone())
 
     def on_heartbeat(self, session: str) -> None:
         """Heartbeats double as the subscription's lease refresh (see `ClientTick`)."""

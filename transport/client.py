@@ -14,10 +14,12 @@ ERROR to its request: ``publish`` waits for its own answer, and
 collects all the answers (internal batching: one round trip for a whole
 batch of batches).  Brokers are used round-robin.  A broker that does not
 answer in ``timeout`` seconds is marked down for a capped exponential
-backoff and the request is retried on the next broker; when every broker has
-failed ``max_attempts`` times the call raises ``PublishError`` -- a publish
-is never dropped silently.  A broker's refusal (``ERROR E_BAD_TOPIC ...``)
-is raised at once as ``BrokerRefused`` with nsqd's code.
+backoff and the request is retried on the next broker; only the requests
+that were not answered are sent again.  When every broker has failed
+``max_attempts`` times (and ``retry_for`` seconds have passed, if set) the
+call raises ``PublishError`` -- a publish is never dropped silently.  A
+broker's refusal (``ERROR E_BAD_TOPIC ...``) is raised at once as
+``BrokerRefused`` with nsqd's code.
 
 **Consumer.**  One thread per broker runs a session: IDENTIFY (heartbeat
 interval, message timeout), SUB, RDY, then a poll loop.  ``max_in_flight``
@@ -25,6 +27,9 @@ is spread across the brokers as RDY.  Each delivered message goes to the
 handler; a handler that returns normally FINs the message (FINs are batched
 per poll round), one that raises REQs it with a backoff that grows with its
 attempts (as go-nsq does), and a long handler can call ``message.touch()``.
+With ``auto_finish=False`` the handler only receives; the application calls
+``finish()``/``requeue()`` later, from any thread (how the Spark reader FINs a
+micro-batch only after it is written).
 HEARTBEATs are answered with NOP; a broker silent for two heartbeat intervals
 is treated as gone and the session is rebuilt with capped backoff.
 """
@@ -36,6 +41,7 @@ import logging
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,6 +79,10 @@ def _socket(ctx: zmq.Context[Any], endpoint: str) -> zmq.Socket[Any]:
     return sock
 
 
+def _message_count(command: Any) -> int:
+    return len(command.bodies) if isinstance(command, pc.Mpub) else 1
+
+
 @dataclass
 class _Broker:
     endpoint: str
@@ -85,7 +95,8 @@ class Producer:
     """Publishes to one or more brokers with acknowledgements; see the module docstring."""
 
     def __init__(self, endpoints: str | Sequence[str], *, timeout: float = 5.0,
-                 max_attempts: int = 3, max_backoff: float = 5.0) -> None:
+                 max_attempts: int = 3, max_backoff: float = 5.0,
+                 retry_for: float = 0.0) -> None:
         eps = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not eps:
             raise ValueError("need at least one broker endpoint")
@@ -96,7 +107,8 @@ class Producer:
         self.timeout = timeout
         self.max_attempts = max_attempts
         self.max_backoff = max_backoff
-        self.retried = 0
+        self.retry_for = retry_for
+        self.retried = 0  # messages sent again after a broker failed to answer
 
     def publish(self, topic: str, body: bytes) -> None:
         self._call([pc.Pub(topic, body)])
@@ -115,16 +127,20 @@ class Producer:
             self._call(commands)
 
     def _call(self, commands: list[Any]) -> None:
+        pending = list(commands)  # _roundtrip removes each request as it is answered
         last_error: Exception | None = None
-        for _ in range(self.max_attempts * len(self._brokers)):
+        give_up = time.monotonic() + self.retry_for
+        attempts = 0
+        while attempts < self.max_attempts * len(self._brokers) or time.monotonic() < give_up:
+            attempts += 1
             broker = self._pick()
             try:
-                self._roundtrip(broker, commands)
+                self._roundtrip(broker, pending)
                 broker.failures = 0
                 return
             except TimeoutError as e:
                 last_error = e
-                self.retried += 1
+                self.retried += sum(_message_count(c) for c in pending)
                 broker.failures += 1
                 broker.down_until = time.monotonic() + min(
                     self.max_backoff, 0.05 * 2 ** broker.failures)
@@ -147,6 +163,11 @@ class Producer:
             broker.sock = None
 
     def _roundtrip(self, broker: _Broker, commands: list[Any]) -> None:
+        """Send `commands` pipelined and collect their answers.
+
+        Each answered command is removed from `commands`, so after a timeout
+        the caller retries only what no broker acknowledged.
+        """
         if broker.sock is None:
             broker.sock = _socket(self._ctx, broker.endpoint)
         sock = broker.sock
@@ -165,7 +186,7 @@ class Producer:
             corr = getattr(reply, "corr", None)
             if corr not in waiting:
                 continue  # a heartbeat, or the answer to a request that timed out earlier
-            del waiting[corr]
+            commands.remove(waiting.pop(corr))
             if isinstance(reply, ErrorReply):
                 refused = refused or BrokerRefused(reply.error.code, reply.error.text)
         if refused is not None:
@@ -185,7 +206,12 @@ class Producer:
 
 @dataclass
 class Message:
-    """A delivered message; FIN/REQ/TOUCH go back to the broker that sent it."""
+    """A delivered message; FIN/REQ/TOUCH go back to the broker that sent it.
+
+    The three calls may come from any thread: they are queued and the
+    session's thread sends them (within one poll round, 100 ms at most; a
+    TOUCH from the handler itself goes at once).
+    """
 
     id: bytes
     body: bytes
@@ -202,10 +228,13 @@ class Message:
     def requeue(self, delay_ms: int = 0) -> None:
         if not self.responded:
             self.responded = True
-            self._session.send(pc.Req(self.id, delay_ms))
+            self._session.outbox.append(pc.Req(self.id, delay_ms))
 
     def touch(self) -> None:
-        self._session.send(pc.Touch(self.id))
+        session = self._session
+        session.outbox.append(pc.Touch(self.id))
+        if threading.current_thread() is session.thread:
+            session._flush()  # a long handler touches while it still holds the thread
 
 
 class _Session:
@@ -215,8 +244,10 @@ class _Session:
         self.consumer = consumer
         self.endpoint = endpoint
         self.rdy = rdy
-        self.fins: list[bytes] = []
+        self.fins: deque[bytes] = deque()  # thread-safe appends; drained by the session
+        self.outbox: deque[Any] = deque()
         self.sock: zmq.Socket[Any] | None = None
+        self.left = False
         self.thread = threading.Thread(target=self.run, name=f"consumer-{endpoint}", daemon=True)
 
     def send(self, command: Any, corr: bytes | None = None) -> None:
@@ -237,6 +268,12 @@ class _Session:
                 self.sock = None
             c.stopping.wait(backoff)
             backoff = min(c.max_backoff, backoff * 2)
+        self.leave()
+
+    def leave(self) -> None:
+        if not self.left:
+            self.left = True
+            self.consumer.session_closing()
 
     def _session(self) -> None:
         c = self.consumer
@@ -251,15 +288,16 @@ class _Session:
         closing = False
         while True:
             if c.stopping.is_set() and not closing:
+                self._flush()
                 self.send(pc.Cls(), b"#cls")
                 closing = True
+                close_deadline = time.monotonic() + 2.0
             if not self.sock.poll(100):
-                if self.fins:
-                    self._flush()
+                self._flush()
                 if time.monotonic() - last_heard > 2 * hb / 1000:
                     raise TimeoutError(f"{self.endpoint} silent for two heartbeat intervals")
-                if closing:
-                    return
+                if closing and time.monotonic() > close_deadline:
+                    return  # no answer to CLS: closing the socket requeues all the same
                 continue
             last_heard = time.monotonic()
             reply = parse_reply(self.sock.recv_multipart())
@@ -273,6 +311,7 @@ class _Session:
                 log.info("broker %s: %s", self.endpoint, reply.error)
             elif isinstance(reply, Ok):
                 if closing and reply.corr == b"#cls":
+                    self.leave()  # keep the socket open until every session has CLSed
                     return
             elif isinstance(reply, ProtocolError):
                 raise TimeoutError(f"{self.endpoint} sent a malformed reply: {reply}")
@@ -288,13 +327,24 @@ class _Session:
             log.exception("handler failed on message %s (attempt %d)", raw.id, raw.attempts)
             msg.requeue(min(c.max_requeue_delay_ms, 100 * 2 ** min(raw.attempts, 16)))
             return
-        msg.finish()
+        if c.auto_finish:
+            msg.finish()
         c.handled += 1
 
     def _flush(self) -> None:
-        fins, self.fins = self.fins, []
-        for i in range(0, len(fins), 500):
-            self.send(pc.Fin(tuple(fins[i : i + 500])))
+        """Send the queued FINs (500 ids a request) and the other queued commands."""
+        fins, outbox = self.fins, self.outbox
+        while fins:
+            ids = []
+            while fins and len(ids) < 500:
+                ids.append(fins.popleft())
+            self.send(pc.Fin(tuple(ids)))
+        while outbox:
+            item = outbox.popleft()
+            if isinstance(item, threading.Event):
+                item.set()  # a marker: everything queued before it has been sent
+            else:
+                self.send(item)
 
 
 class Consumer:
@@ -304,7 +354,7 @@ class Consumer:
                  endpoints: str | Sequence[str], *, max_in_flight: int = 200,
                  heartbeat_interval_ms: int = 5000, msg_timeout_ms: int = 60_000,
                  max_requeue_delay_ms: int = 60_000, max_backoff: float = 5.0,
-                 client_id: str | None = None) -> None:
+                 client_id: str | None = None, auto_finish: bool = True) -> None:
         eps = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not eps:
             raise ValueError("need at least one broker endpoint")
@@ -313,12 +363,40 @@ class Consumer:
         self.msg_timeout_ms = msg_timeout_ms
         self.max_requeue_delay_ms = max_requeue_delay_ms
         self.max_backoff = max_backoff
+        self.auto_finish = auto_finish
         self.client_id = client_id or f"py-{random.getrandbits(32):08x}"
         self.ctx: zmq.Context[Any] = zmq.Context()
         self.stopping = threading.Event()
         self.handled = 0
         per = max(1, max_in_flight // len(eps))
         self.sessions = [_Session(self, e, per) for e in eps]
+        self._closing = threading.Condition()
+        self._open = len(self.sessions)
+
+    def session_closing(self) -> None:
+        """Called once by each session as it ends; waits (2 s at most) for the others.
+
+        A session's socket closing makes the broker requeue its in-flight
+        messages, which would go straight to a sibling session still open and
+        count an attempt each time; so no session closes before all have
+        sent CLS (which stops deliveries to them).
+        """
+        with self._closing:
+            self._open -= 1
+            self._closing.notify_all()
+            self._closing.wait_for(lambda: self._open <= 0, timeout=2.0)
+
+    def pause(self, timeout: float = 2.0) -> None:
+        """RDY 0 on every session; returns once each has sent it (or after `timeout`)."""
+        sent = []
+        for s in self.sessions:
+            s.rdy = 0
+            marker = threading.Event()
+            s.outbox.extend((pc.Rdy(0), marker))
+            sent.append(marker)
+        deadline = time.monotonic() + timeout
+        for marker in sent:
+            marker.wait(max(0.0, deadline - time.monotonic()))
 
     def start(self) -> Consumer:
         for s in self.sessions:

@@ -23,6 +23,7 @@ from actors.broker import Broker
 from actors.client import (
     ClientClose,
     ClientFin,
+    ClientGone,
     ClientIdentify,
     ClientRdy,
     ClientReq,
@@ -238,9 +239,28 @@ def test_an_ephemeral_channel_goes_away_with_its_last_client(start_broker, tmp_p
     b = start_broker()
     c = Client(b, "c").sub("t", "tmp#ephemeral")
     wait_for(lambda: _stats(b, "t")["channels"], what="the ephemeral channel")
-    c.send(ClientClose())
+    c.send(ClientGone())
     wait_for(lambda: not _stats(b, "t")["channels"], what="the channel to go")
     assert not any("ephemeral" in f for f in os.listdir(tmp_path / "data"))
+
+
+def test_cls_stops_deliveries_but_in_flight_messages_can_still_be_finished(start_broker):
+    # nsqd's CLS: no more messages (and a later RDY is ignored), FIN still works, and
+    # nothing is requeued to another client until the connection actually drops.
+    b = start_broker()
+    c = Client(b, "c").sub("t", "c", rdy=2)
+    b.publish("t", [b"a", b"b", b"c"])
+    c.wait_messages(2)
+    c.send(ClientClose())
+    c.send(ClientRdy(10))
+    wait_for(lambda: _channel_stats(b, "t", "c")["clients"][0]["ready_count"] == 0, what="RDY 0")
+    c.fin_all()
+    wait_for(lambda: _channel_stats(b, "t", "c")["in_flight_count"] == 0, what="FINs")
+    assert _channel_stats(b, "t", "c")["depth"] == 1
+    assert _channel_stats(b, "t", "c")[
+        "requeue_count"] == 0
+    c.poll()
+    assert len(c.messages) == 2
 
 
 def test_an_ephemeral_topic_is_deleted_when_its_last_channel_goes(start_broker):
@@ -251,7 +271,7 @@ def test_an_ephemeral_topic_is_deleted_when_its_last_channel_goes(start_broker):
     wait_for(lambda: _channel_stats(b, "live#ephemeral", "view#ephemeral")["depth"] == 5,
              what="memory full")
     assert _channel_stats(b, "live#ephemeral", "view#ephemeral")["dropped_count"] == 15
-    c.send(ClientClose())
+    c.send(ClientGone())
     wait_for(lambda: _stats(b, "live#ephemeral")["message_count"] == 0, what="topic deleted")
 
 

@@ -44,9 +44,10 @@ def free_port() -> int:
 class BrokerProcess:
     """`python -m actors.broker` in its own session (so the whole tree can be killed)."""
 
-    def __init__(self, data: Path, log: Path) -> None:
+    def __init__(self, data: Path, log: Path, extra_args: tuple[str, ...] = ()) -> None:
         self.data = data
         self.log = log
+        self.extra_args = extra_args
         self.tcp, self.http, self.zmq = free_port(), free_port(), free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -62,7 +63,8 @@ class BrokerProcess:
                  "--msg-timeout", "3s", "--queue-scan-interval", "50ms",
                  "--tcp-address", f"127.0.0.1:{self.tcp}",
                  "--http-address", f"127.0.0.1:{self.http}",
-                 "--zmq-address", self.zmq_endpoint, "--log-level", "warn"],
+                 "--zmq-address", self.zmq_endpoint, "--log-level", "warn",
+                 *self.extra_args],
                 stdout=log, stderr=log, start_new_session=True)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -81,9 +83,9 @@ class BrokerProcess:
         except (OSError, urllib.error.URLError):
             return False
 
-    def stats(self) -> dict:
+    def stats(self, topic: str = TOPIC) -> dict:
         with urllib.request.urlopen(
-                f"http://127.0.0.1:{self.http}/stats?format=json&topic={TOPIC}",
+                f"http://127.0.0.1:{self.http}/stats?format=json&topic={topic}",
                 timeout=10) as r:
             return json.loads(r.read())
 

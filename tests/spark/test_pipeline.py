@@ -1,0 +1,193 @@
+"""Spark -> broker -> Spark through a real broker process, on the shared local[2] session."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import functions as F
+
+from tests.spark.conftest import start_broker
+from transport.client import Producer
+from transport.spark import (
+    PartitionPublisher,
+    PublishCounters,
+    TopicReader,
+    drain_to_parquet,
+)
+
+pytestmark = pytest.mark.timeout(240)
+
+SCHEMA = "id long, name string"
+
+
+def rows_df(spark: Any, n: int, partitions: int = 4) -> Any:
+    return (spark.range(0, n, numPartitions=partitions)
+            .withColumn("name", F.concat(F.lit("row-"), F.col("id").cast("string"))))
+
+
+def read_ids(spark: Any, path: Path) -> list[int]:
+    return [r.id for r in spark.read.parquet(str(path)).select("id").collect()]
+
+
+def wait_until(check: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)  # poll interval of the condition above
+
+
+def topic_count(broker: Any, topic: str) -> int:
+    topics = broker.stats(topic).get("topics", [])
+    return topics[0]["message_count"] if topics else 0
+
+
+def test_100k_rows_go_through_and_come_back_with_none_lost(spark, broker, tmp_path):
+    n = 100_000
+    counters = PublishCounters.create(spark.sparkContext)
+    rows_df(spark, n).foreachPartition(
+        PartitionPublisher("rows100k", broker.zmq_endpoint, counters=counters))
+    assert counters.values() == {"published": n, "retried": 0, "bad_rows": 0}
+
+    result = drain_to_parquet(spark, "rows100k", "parquet", broker.zmq_endpoint,
+                              str(tmp_path / "out"), schema=SCHEMA, idle_timeout=3)
+    assert result.rows == n
+    assert result.bad == 0
+    ids = read_ids(spark, tmp_path / "out")
+    assert sorted(ids) == list(range(n))  # every row once: nothing failed, so no duplicates
+    row = spark.read.parquet(str(tmp_path / "out")).where("id = 4242").first()
+    assert row.name == "row-4242"
+    channel = broker.stats("rows100k")["topics"][0]["channels"][0]
+    assert channel["depth"] == 0
+    assert channel["in_flight_count"] == 0
+
+
+def test_broker_killed_mid_job_the_job_retries_and_every_row_arrives(spark, tmp_path):
+    n = 100_000
+    broker = start_broker(tmp_path)
+    try:
+        counters = PublishCounters.create(spark.sparkContext)
+        publisher = PartitionPublisher("killed", broker.zmq_endpoint, timeout=1.0,
+                                       retry_for=90, counters=counters)
+        failure: list[BaseException] = []
+
+        def job() -> None:
+            try:
+                rows_df(spark, n, partitions=8).foreachPartition(publisher)
+            except BaseException as e:  # reported to the test thread below
+                failure.append(e)
+
+        runner = threading.Thread(target=job)
+        runner.start()
+        wait_until(lambda: topic_count(broker, "killed") >= 10_000, 120, "the job to be publishing")
+        broker.kill_all()  # supervisor, gateway and workers: kill -9
+        broker.start()
+        runner.join(180)
+        assert not runner.is_alive()
+        assert not failure, failure
+        stats = counters.values()
+        assert stats["published"] == n, stats
+        assert stats["retried"] > 0, stats
+
+        result = drain_to_parquet(spark, "killed", "parquet", broker.zmq_endpoint,
+                                  str(tmp_path / "out"), schema=SCHEMA, idle_timeout=3)
+        ids = read_ids(spark, tmp_path / "out")
+        assert set(ids) == set(range(n))  # none lost
+        print(f"rows {n}, delivered {result.rows}, duplicates {len(ids) - n}, "
+              f"retried {stats['retried']}")
+    finally:
+        broker.stop()
+
+
+def test_broker_gone_for_good_fails_the_job_loudly(spark, tmp_path):
+    broker = start_broker(tmp_path)
+    broker.kill_all()
+    publisher = PartitionPublisher("gone", broker.zmq_endpoint, timeout=0.3, retry_for=1)
+    with pytest.raises(Exception, match="PublishError: no broker acknowledged"):
+        rows_df(spark, 1000, partitions=2).foreachPartition(publisher)
+
+
+def test_bad_rows_are_reported_not_swallowed(spark, broker, tmp_path):
+    rows = [{"id": 1}, {"id": 2, "blob": b"\x00"}, {"id": 3, "x": float("nan")}, {"id": 4}]
+    rdd = spark.sparkContext.parallelize(rows, 2)
+
+    with pytest.raises(Exception,
+                       match=r"BadRowError: row [01] of partition [01] cannot be published"):
+        rdd.foreachPartition(PartitionPublisher("badrows", broker.zmq_endpoint))
+
+    counters = PublishCounters.create(spark.sparkContext)
+    rdd.foreachPartition(PartitionPublisher("badrows2", broker.zmq_endpoint,
+                                            bad_rows_topic="badrows2.bad", counters=counters))
+    assert counters.values() == {"published": 2, "retried": 0, "bad_rows": 2}
+    with TopicReader(spark, "badrows2.bad", "check", broker.zmq_endpoint,
+                     schema="partition int, `index` int, error string, `row` string",
+                     idle_timeout=3, batch_timeout=1) as reader:
+        reports = []
+        for batch in reader.batches():
+            reports += batch.df.collect()
+            batch.commit()
+    assert sorted((r["partition"], r["index"]) for r in reports) == [(0, 1), (1, 0)]
+    assert any("bytes" in r.error for r in reports)
+    assert any("Out of range float values" in r.error for r in reports)
+
+
+def test_structured_streaming_sink_publishes_every_row(spark, broker, tmp_path):
+    source = tmp_path / "in"
+    source.mkdir()
+    for f in range(3):
+        (source / f"part-{f}.json").write_text(
+            "\n".join(json.dumps({"id": f * 100 + i, "name": f"s{f}-{i}"}) for i in range(100)))
+    counters = PublishCounters.create(spark.sparkContext)
+    publisher = PartitionPublisher("stream", broker.zmq_endpoint, counters=counters)
+    query = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
+             .writeStream.foreachBatch(publisher.foreach_batch)
+             .option("checkpointLocation", str(tmp_path / "checkpoint"))
+             .trigger(availableNow=True).start())
+    assert query.awaitTermination(120)
+    assert counters.values()["published"] == 300
+    drain_to_parquet(spark, "stream", "out", broker.zmq_endpoint, str(tmp_path / "out"),
+                     schema=SCHEMA, idle_timeout=3)
+    assert sorted(read_ids(spark, tmp_path / "out")) == sorted(
+        f * 100 + i for f in range(3) for i in range(100))
+
+
+def test_a_batch_not_committed_comes_back(spark, broker, tmp_path):
+    with Producer(broker.zmq_endpoint) as p:
+        p.publish_batch("uncommitted", [json.dumps({"id": i, "name": "x"}).encode()
+                                        for i in range(50)])
+    with TopicReader(spark, "uncommitted", "c", broker.zmq_endpoint, schema=SCHEMA,
+                     idle_timeout=5, batch_timeout=1, metadata=True) as reader:
+        first = next(reader.batches())
+        assert first.rows == 50
+        # The job "crashes" before its write committed: the reader closes without commit.
+    with TopicReader(spark, "uncommitted", "c", broker.zmq_endpoint, schema=SCHEMA,
+                     idle_timeout=5, batch_timeout=1, metadata=True) as reader:
+        again = next(reader.batches())
+        rows = again.df.collect()
+        again.commit()
+    assert sorted(r.id for r in rows) == list(range(50))
+    assert {r._nsq_attempts for r in rows} == {2}
+    assert {r._nsq_id for r in rows} == {r._nsq_id for r in first.df.collect()}
+
+
+def test_drain_keeps_messages_it_cannot_read_aside(spark, broker, tmp_path):
+    bodies = [json.dumps({"id": i, "name": f"n{i}"}).encode() for i in range(20)]
+    bodies += [b"not json", b"[1, 2]", json.dumps({"id": "seven", "name": "x"}).encode()]
+    with Producer(broker.zmq_endpoint) as p:
+        p.publish_batch("mixed", bodies)
+    out = tmp_path / "out"
+    result = drain_to_parquet(spark, "mixed", "c", broker.zmq_endpoint, str(out),
+                              schema=SCHEMA, idle_timeout=3, batch_timeout=1)
+    assert (result.rows, result.bad) == (20, 3)
+    assert sorted(read_ids(spark, out)) == list(range(20))  # _bad_messages is hidden from readers
+    bad = spark.read.parquet(str(out / "_bad_messages")).collect()
+    assert sorted(b.body for b in bad) == sorted(bodies[20:])
+    assert {b.error.split(":")[0] for b in bad} == {"cannot decode", "does not fit the schema"}
+    channel = broker.stats("mixed")["topics"][0]["channels"][0]
+    assert channel["depth"] == 0
+    assert channel["in_flight_count"] == 0

@@ -1,0 +1,76 @@
+"""Row serialisers of the Spark helper (no Spark session needed)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+
+import msgpack
+import pytest
+from pyspark.sql import Row
+
+from transport.spark import (
+    BadRowError,
+    PartitionPublisher,
+    _row_converter,
+    to_json,
+    to_msgpack,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_json_writes_rows_dates_and_decimals_as_plain_values():
+    row = Row(id=7, when=dt.datetime(2026, 11, 22, 4, 30, 1, 250000), day=dt.date(2026, 1, 2),
+              price=decimal.Decimal("12.50"), inner=Row(a=1, tags=["x", "y"]), name="Zürich")
+    assert json.loads(to_json(row)) == {
+        "id": 7, "when": "2026-11-22T04:30:01.250000", "day": "2026-01-02", "price": "12.50",
+        "inner": {"a": 1, "tags": ["x", "y"]}, "name": "Zürich"}
+    assert "Zürich".encode() in to_json(row)  # UTF-8, not \\u escapes
+
+
+def test_msgpack_round_trips_a_row():
+    row = Row(id=1, day=dt.date(2026, 1, 2), blob=b"\x00\x01")
+    assert msgpack.unpackb(to_msgpack(row)) == {"id": 1, "day": "2026-01-02", "blob": b"\x00\x01"}
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), b"\x00", {1, 2}, object(),
+                                   decimal.Decimal("NaN")])
+def test_json_refuses_what_json_cannot_hold(value):
+    with pytest.raises((TypeError, ValueError)):
+        to_json({"v": value})
+
+
+def test_a_bad_row_fails_the_task_with_where_and_why():
+    publisher = PartitionPublisher("t", "tcp://127.0.0.1:1", timeout=0.1, retry_for=0)
+    with pytest.raises(BadRowError, match=r"row 1 of partition None cannot be published: .*bytes"):
+        publisher([{"ok": 1}, {"blob": b"\x00"}])
+
+
+def test_a_row_over_the_message_limit_is_a_bad_row():
+    publisher = PartitionPublisher("t", "tcp://127.0.0.1:1", max_message_size=100)
+    with pytest.raises(BadRowError, match="over the 100-byte message limit"):
+        publisher([{"text": "x" * 200}])
+
+
+def test_publisher_checks_its_options_on_the_driver():
+    with pytest.raises(ValueError, match="unknown serializer"):
+        PartitionPublisher("t", "tcp://127.0.0.1:1", serializer="xml")
+    with pytest.raises(ValueError, match="endpoint"):
+        PartitionPublisher("t", "")
+    assert PartitionPublisher("t", "tcp://a:1, tcp://b:2").endpoints == ("tcp://a:1", "tcp://b:2")
+
+
+def test_the_reader_turns_serialised_values_back_by_schema():
+    from pyspark.sql import types as t
+
+    schema = t.StructType([
+        t.StructField("id", t.LongType()), t.StructField("when", t.TimestampType()),
+        t.StructField("day", t.DateType()), t.StructField("price", t.DecimalType(10, 2)),
+        t.StructField("inner", t.StructType([t.StructField("a", t.LongType())])),
+        t.StructField("missing", t.StringType())])
+    when, day = dt.datetime(2026, 1, 2, 3, 4, 5), dt.date(2026, 1, 2)
+    value = json.loads(to_json(Row(id=1, when=when, day=day, price=decimal.Decimal("1.25"),
+                                   inner=Row(a=2))))
+    assert _row_converter(schema)(value) == (1, when, day, decimal.Decimal("1.25"), (2,), None)

@@ -1,0 +1,518 @@
+"""Spark in both directions: publish partitions to a topic, read a topic back in micro-batches.
+
+Producing
+---------
+``PartitionPublisher`` is a picklable callable for ``df.foreachPartition`` or
+``rdd.foreachPartition``.  Each task opens one :class:`transport.client.Producer`
+(one ZeroMQ connection per broker), serialises its rows (JSON by default,
+msgpack, or any ``row -> bytes`` function) and publishes them as pipelined
+MPUBs, waiting for every acknowledgement.  A broker that stops answering is
+retried with capped backoff on the next address for ``retry_for`` seconds;
+after that the task raises :class:`~transport.client.PublishError`, Spark
+retries the task (``spark.task.maxFailures``) and, when it keeps failing, the
+job fails.  Rows are never dropped silently: a row that cannot be serialised
+either fails the task with :class:`BadRowError` (the default) or, with
+``bad_rows_topic`` set, is published there as a JSON report and counted.
+``PublishCounters`` carries Spark accumulators for rows published, rows sent
+again after a broker failed to answer, and bad rows.
+
+``publisher.foreach_batch`` is the same publisher as a Structured Streaming
+``foreachBatch`` sink.
+
+Delivery is at-least-once: a retried task, a retried streaming epoch or a
+broker that stored a batch but died before answering publishes rows again.
+
+Consuming
+---------
+``TopicReader`` subscribes to a topic/channel with FIN held back
+(``auto_finish=False``), gathers up to ``batch_size`` messages (or whatever
+arrived within ``batch_timeout``) and yields them as a :class:`Batch` holding
+a DataFrame.  Nothing is FINed until ``batch.commit()``; an uncommitted batch
+is requeued (when the next batch is asked for, or by the broker when the
+reader closes or dies), so a crash before the commit re-delivers instead of
+losing.
+``drain_to_parquet`` is the ``nsq_to_file`` of this library: it writes each
+batch to Parquet, fsyncs the new files when the path is local, writes
+messages that could not be decoded to ``<path>/_bad_messages``, and commits.
+
+A batch is limited by in-flight messages, and the broker caps RDY at
+``--max-rdy-count`` per connection (2,500 by default, as nsqd), so the reader
+opens ``ceil(batch_size / rdy_per_connection)`` connections per broker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import decimal
+import json
+import logging
+import math
+import os
+import queue
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+from pyspark import TaskContext
+from pyspark.sql import types as t
+
+from transport.client import Consumer, Message, Producer
+
+log = logging.getLogger(__name__)
+
+Serializer = Callable[[Any], bytes]
+Deserializer = Callable[[bytes], Any]
+
+
+class BadRowError(ValueError):
+    """A row could not be serialised (or is larger than the broker accepts)."""
+
+
+# -- serialisation ----------------------------------------------------------
+
+def _plain(row: Any) -> Any:
+    """A pyspark ``Row`` as a dict (recursively); anything else as it is."""
+    as_dict = getattr(row, "asDict", None)
+    return as_dict(recursive=True) if as_dict is not None else row
+
+
+def _encode_value(value: Any) -> Any:
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        if not value.is_finite():
+            raise ValueError(f"{value} is not a finite decimal")
+        return str(value)
+    as_dict = getattr(value, "asDict", None)
+    if as_dict is not None:
+        return as_dict(recursive=True)
+    raise TypeError(f"{type(value).__name__} value {value!r:.80} cannot be serialised")
+
+
+def to_json(row: Any) -> bytes:
+    """Strict JSON (no NaN or Infinity); dates and times as ISO 8601, decimals as strings."""
+    return json.dumps(_plain(row), default=_encode_value, allow_nan=False,
+                      ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def to_msgpack(row: Any) -> bytes:
+    """msgpack; dates and times as ISO 8601 strings, decimals as strings."""
+    return msgpack.packb(_plain(row), default=_encode_value, datetime=False)
+
+
+def _serializer(spec: str | Serializer) -> Serializer:
+    if callable(spec):
+        return spec
+    try:
+        return {"json": to_json, "msgpack": to_msgpack}[spec]
+    except KeyError:
+        raise ValueError(f"unknown serializer {spec!r} (json, msgpack or a function)") from None
+
+
+def from_json(body: bytes) -> Any:
+    return json.loads(body)
+
+
+def from_msgpack(body: bytes) -> Any:
+    return msgpack.unpackb(body)
+
+
+def _deserializer(spec: str | Deserializer) -> Deserializer:
+    if callable(spec):
+        return spec
+    try:
+        return {"json": from_json, "msgpack": from_msgpack}[spec]
+    except KeyError:
+        raise ValueError(f"unknown deserializer {spec!r} (json, msgpack or a function)") from None
+
+
+# -- producing ----------------------------------------------------------------
+
+@dataclass
+class PublishCounters:
+    """Spark accumulators a publisher adds to (read ``.value`` on the driver after the job)."""
+
+    published: Any
+    retried: Any
+    bad_rows: Any
+
+    @classmethod
+    def create(cls, sc: Any) -> PublishCounters:
+        return cls(sc.accumulator(0), sc.accumulator(0), sc.accumulator(0))
+
+    def values(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name).value for f in dataclasses.fields(self)}
+
+
+def _addresses(endpoints: str | Sequence[str]) -> tuple[str, ...]:
+    eps = tuple(e.strip() for e in endpoints.split(",")) if isinstance(endpoints, str) \
+        else tuple(endpoints)
+    if not eps or not all(eps):
+        raise ValueError("need at least one broker endpoint (tcp://host:port)")
+    return eps
+
+
+@dataclass(frozen=True)
+class PartitionPublisher:
+    """``rdd.foreachPartition(PartitionPublisher("topic", "tcp://broker:4153"))``.
+
+    ``endpoints`` is one ``tcp://host:port`` ZeroMQ address, a list of them or
+    a comma-separated string; they are used round-robin.
+    """
+
+    topic: str
+    endpoints: str | Sequence[str]
+    serializer: str | Serializer = "json"
+    batch_size: int = 500           # messages per MPUB
+    batches_in_flight: int = 8      # MPUBs pipelined before waiting for their answers
+    timeout: float = 5.0            # seconds to wait for an answer before trying again
+    retry_for: float = 60.0         # keep retrying this long, then fail the task
+    max_backoff: float = 5.0
+    max_message_size: int = 1024 * 1024  # the broker's --max-msg-size
+    bad_rows_topic: str | None = None
+    counters: PublishCounters | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "endpoints", _addresses(self.endpoints))
+        _serializer(self.serializer)  # fail on the driver, not in every task
+        if self.batch_size < 1 or self.batches_in_flight < 1:
+            raise ValueError("batch_size and batches_in_flight must be positive")
+
+    def __call__(self, rows: Iterable[Any]) -> None:
+        serialise = _serializer(self.serializer)
+        chunk = self.batch_size * self.batches_in_flight
+        published = retried = 0
+        bad: list[bytes] = []
+        with Producer(self.endpoints, timeout=self.timeout, max_attempts=1,
+                      max_backoff=self.max_backoff, retry_for=self.retry_for) as producer:
+            bodies: list[bytes] = []
+            for index, row in enumerate(rows):
+                try:
+                    body = serialise(row)
+                    if len(body) > self.max_message_size:
+                        raise ValueError(f"{len(body)} bytes is over the "
+                                         f"{self.max_message_size}-byte message limit")
+                except (TypeError, ValueError, OverflowError) as e:
+                    bad.append(self._bad_row(index, row, e))
+                    continue
+                bodies.append(body)
+                if len(bodies) >= chunk:
+                    producer.publish_batch(self.topic, bodies, self.batch_size)
+                    published += len(bodies)
+                    bodies = []
+            if bodies:
+                producer.publish_batch(self.topic, bodies, self.batch_size)
+                published += len(bodies)
+            if bad:
+                assert self.bad_rows_topic is not None
+                producer.publish_batch(self.bad_rows_topic, bad, self.batch_size)
+            retried = producer.retried
+        if self.counters is not None:
+            self.counters.published.add(published)
+            self.counters.retried.add(retried)
+            self.counters.bad_rows.add(len(bad))
+
+    def _bad_row(self, index: int, row: Any, error: Exception) -> bytes:
+        partition = _partition_id()
+        where = f"row {index} of partition {partition}"
+        if self.bad_rows_topic is None:
+            raise BadRowError(f"{where} cannot be published: {error}; row: {row!r:.200}") \
+                from error
+        log.warning("bad %s sent to %s: %s", where, self.bad_rows_topic, error)
+        return json.dumps({"topic": self.topic, "partition": partition, "index": index,
+                           "error": str(error), "row": repr(row)[:4096]}).encode()
+
+    def foreach_batch(self, batch_df: Any, epoch_id: int) -> None:
+        """A Structured Streaming sink: ``stream.writeStream.foreachBatch(p.foreach_batch)``."""
+        batch_df.foreachPartition(self)
+
+
+def _partition_id() -> int | None:
+    ctx = TaskContext.get()
+    return ctx.partitionId() if ctx is not None else None
+
+
+# -- consuming ----------------------------------------------------------------
+
+@dataclass
+class BadMessage:
+    """A message the reader could not turn into a row (FINed with its batch)."""
+
+    id: bytes
+    body: bytes
+    error: str
+
+
+@dataclass
+class Batch:
+    """One micro-batch: ``df`` holds its rows; FIN them with ``commit()`` once they are safe."""
+
+    df: Any
+    rows: int
+    bad: list[BadMessage]
+    messages: list[Message] = field(repr=False)
+    committed: bool = False
+
+    def commit(self) -> None:
+        for m in self.messages:
+            m.finish()
+        self.committed = True
+
+    def requeue(self) -> None:
+        for m in self.messages:
+            m.requeue(0)
+
+
+class TopicReader:
+    """Reads ``topic``/``channel`` into Spark in micro-batches; see the module docstring.
+
+    ``schema`` is a ``StructType`` or a DDL string; without one the first
+    batch's inferred schema is used for every later batch.  ``idle_timeout``
+    ends ``batches()`` when no message has come for that long (``None``:
+    read until ``close()``).  ``metadata=True`` adds ``_nsq_id`` (hex),
+    ``_nsq_timestamp`` (ns) and ``_nsq_attempts`` columns, which let a
+    downstream job drop the duplicates at-least-once delivery allows.
+    """
+
+    def __init__(self, spark: Any, topic: str, channel: str, endpoints: str | Sequence[str], *,
+                 schema: Any = None, deserializer: str | Deserializer = "json",
+                 batch_size: int = 10_000, batch_timeout: float = 5.0,
+                 idle_timeout: float | None = 10.0, rdy_per_connection: int = 2500,
+                 msg_timeout_ms: int = 120_000, metadata: bool = False) -> None:
+        if batch_size < 1:
+            raise ValueError("batch_size must be positive")
+        self.spark = spark
+        self.schema: t.StructType | None = (t._parse_datatype_string(schema)
+                                          if isinstance(schema, str) else schema)
+        if metadata and self.schema is not None:
+            self.schema = t.StructType([
+                *self.schema.fields,
+                t.StructField("_nsq_id", t.StringType()),
+                t.StructField("_nsq_timestamp", t.LongType()),
+                t.StructField("_nsq_attempts", t.IntegerType())])
+        self.decode = _deserializer(deserializer)
+        self.batch_size = batch_size
+        self.batch_timeout = batch_timeout
+        self.idle_timeout = idle_timeout
+        self.metadata = metadata
+        self._arrived: queue.SimpleQueue[Message] = queue.SimpleQueue()
+        eps = _addresses(endpoints)
+        per_broker = math.ceil(batch_size / (len(eps) * rdy_per_connection))
+        self.consumer = Consumer(topic, channel, self._arrived.put, list(eps) * per_broker,
+                                 max_in_flight=batch_size, msg_timeout_ms=msg_timeout_ms,
+                                 auto_finish=False)
+        self._pending: Batch | None = None
+        self._started = False
+
+    def __enter__(self) -> TopicReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop deliveries, requeue every message held (an uncommitted batch, and what
+        arrived after it), then close the connections."""
+        if self._started:
+            self.consumer.pause()
+            held = [] if self._pending is None or self._pending.committed \
+                else self._pending.messages
+            while True:
+                try:
+                    held.append(self._arrived.get_nowait())
+                except queue.Empty:
+                    break
+            for m in held:
+                m.requeue(0)
+            self.consumer.close()
+            self._started = False
+        self._pending = None
+
+    def batches(self) -> Iterator[Batch]:
+        """Yield micro-batches; a batch not committed by the next step is requeued."""
+        if not self._started:
+            self.consumer.start()
+            self._started = True
+        while True:
+            if self._pending is not None and not self._pending.committed:
+                log.warning("batch of %d messages was not committed; requeued",
+                            len(self._pending.messages))
+                self._pending.requeue()
+            self._pending = None
+            messages = self._gather()
+            if not messages:
+                return
+            self._pending = self._build(messages)
+            yield self._pending
+
+    def _gather(self) -> list[Message]:
+        """Up to batch_size distinct messages: wait idle_timeout for the first, then
+        batch_timeout for the rest."""
+        got: dict[bytes, Message] = {}
+        try:
+            first = self._arrived.get(timeout=self.idle_timeout)
+        except queue.Empty:
+            return []
+        got[first.id] = first
+        deadline = time.monotonic() + self.batch_timeout
+        while len(got) < self.batch_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                m = self._arrived.get(timeout=remaining)
+            except queue.Empty:
+                break
+            got[m.id] = m  # a redelivery of a message already here replaces it
+        return list(got.values())
+
+    def _build(self, messages: list[Message]) -> Batch:
+        records: list[tuple[Message, Any]] = []
+        bad: list[BadMessage] = []
+        for m in messages:
+            try:
+                value = self.decode(m.body)
+                if not isinstance(value, dict):
+                    raise ValueError(f"expected an object, got {type(value).__name__}")
+            except (ValueError, TypeError, msgpack.ExtraData) as e:
+                bad.append(BadMessage(m.id, m.body, f"cannot decode: {e}"))
+                continue
+            if self.metadata:
+                value = {**value, "_nsq_id": m.id.decode("ascii", "replace"),
+                         "_nsq_timestamp": m.timestamp, "_nsq_attempts": m.attempts}
+            records.append((m, value))
+        if self.schema is None and records:
+            self.schema = self.spark.createDataFrame([r for _, r in records[:1000]]).schema
+        df, count = self._frame(records, bad)
+        return Batch(df, count, bad, messages)
+
+    def _frame(self, records: list[tuple[Message, Any]], bad: list[BadMessage]) -> tuple[Any, int]:
+        """A DataFrame of the records in schema order; a record the schema rejects goes to
+        `bad` (a failing batch is checked row by row to find which)."""
+        if self.schema is None:
+            return None, 0
+        convert = _row_converter(self.schema)
+        pairs = []
+        for m, value in records:
+            try:
+                pairs.append((m, convert(value)))
+            except (ValueError, TypeError, AttributeError) as e:
+                bad.append(BadMessage(m.id, m.body, f"does not fit the schema: {e}"))
+        rows = [r for _, r in pairs]
+        try:
+            return self.spark.createDataFrame(rows, self.schema, verifySchema=True), len(rows)
+        except (ValueError, TypeError):
+            pass
+        rows = []
+        for m, r in pairs:
+            try:
+                self.spark.createDataFrame([r], self.schema, verifySchema=True)
+                rows.append(r)
+            except (ValueError, TypeError) as e:
+                bad.append(BadMessage(m.id, m.body, f"does not fit the schema: {e}"))
+        return self.spark.createDataFrame(rows, self.schema, verifySchema=True), len(rows)
+
+
+def _row_converter(schema: Any) -> Callable[[Any], Any]:
+    """dict -> tuple in `schema`'s field order, turning the strings the serialisers wrote
+    for dates, timestamps and decimals back into values (missing fields become None)."""
+    def for_type(dtype: Any) -> Callable[[Any], Any] | None:
+        if isinstance(dtype, t.StructType):
+            fields = [(f.name, for_type(f.dataType)) for f in dtype.fields]
+
+            def struct(v: Any) -> Any:
+                if v is None:
+                    return None
+                return tuple(v.get(name) if conv is None or v.get(name) is None
+                             else conv(v[name]) for name, conv in fields)
+            return struct
+        if isinstance(dtype, t.TimestampType | t.TimestampNTZType):
+            return lambda v: dt.datetime.fromisoformat(v) if isinstance(v, str) else v
+        if isinstance(dtype, t.DateType):
+            return lambda v: dt.date.fromisoformat(v) if isinstance(v, str) else v
+        if isinstance(dtype, t.DecimalType):
+            return lambda v: decimal.Decimal(v) if isinstance(v, str | int) else v
+        if isinstance(dtype, t.ArrayType):
+            inner = for_type(dtype.elementType)
+            return None if inner is None else (
+                lambda v: None if v is None else [None if x is None else inner(x) for x in v])
+        return None
+
+    convert = for_type(schema)
+    assert convert is not None
+    return convert
+
+
+@dataclass
+class DrainResult:
+    rows: int = 0
+    batches: int = 0
+    bad: int = 0
+
+
+def drain_to_parquet(spark: Any, topic: str, channel: str, endpoints: str | Sequence[str],
+                     path: str, *, max_rows: int | None = None, **reader_options: Any
+                     ) -> DrainResult:
+    """Write ``topic``/``channel`` to Parquet at ``path`` (appending), one write per batch.
+
+    Each batch is FINed only after its write has committed (and, on a local
+    path, after its new files and directories are fsynced).  Messages that
+    cannot be decoded are written to ``<path>/_bad_messages`` (id, body,
+    error), which Spark's readers skip as a hidden directory.  Stops when
+    the topic stays idle for ``idle_timeout`` or after ``max_rows`` rows.
+    """
+    result = DrainResult()
+    bad_schema = t.StructType([t.StructField("id", t.StringType()),
+                               t.StructField("body", t.BinaryType()),
+                               t.StructField("error", t.StringType())])
+    local = _local_path(path)
+    synced: set[str] = set()
+    with TopicReader(spark, topic, channel, endpoints, **reader_options) as reader:
+        for batch in reader.batches():
+            if batch.rows:
+                batch.df.write.mode("append").parquet(path)
+            if batch.bad:
+                spark.createDataFrame([(b.id.decode("ascii", "replace"), b.body, b.error)
+                                       for b in batch.bad], bad_schema) \
+                    .write.mode("append").parquet(path.rstrip("/") + "/_bad_messages")
+                log.warning("%d messages could not be read; kept in %s/_bad_messages",
+                            len(batch.bad), path)
+            if local is not None:
+                _fsync_tree(local, synced)
+            batch.commit()
+            result.rows += batch.rows
+            result.batches += 1
+            result.bad += len(batch.bad)
+            if max_rows is not None and result.rows >= max_rows:
+                break
+    return result
+
+
+def _local_path(path: str) -> str | None:
+    if path.startswith("file:"):
+        return path[len("file:"):].replace("///", "/", 1)
+    return None if "://" in path else path
+
+
+def _fsync_tree(root: str, synced: set[str]) -> None:
+    """fsync the files under `root` not in `synced`, and every directory (Spark's local
+    writer does neither)."""
+    for directory, _, files in os.walk(root):
+        for name in files:
+            full = os.path.join(directory, name)
+            if full in synced:
+                continue
+            synced.add(full)
+            fd = os.open(full, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
