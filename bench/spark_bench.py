@@ -10,11 +10,13 @@ options), builds a DataFrame of ``--rows`` rows whose JSON form is about
 
 * **parquet**: ``df.write.parquet(tmp)``, the ceiling of the Spark side (the
   same job with its rows going to local files instead of the broker);
-* **publish**: ``df.foreachPartition(PartitionPublisher(...))``: rows to JSON
-  in the Python workers, MPUBs of 500, 8 pipelined, every acknowledgement
-  awaited.
+* **publish(df)**: ``PartitionPublisher(...).publish(df)``: rows to JSON in the
+  JVM (``df.toJSON()``), the Python workers publish MPUBs of 500, 8
+  pipelined, every acknowledgement awaited;
+* **foreachPartition**: ``df.foreachPartition(PartitionPublisher(...))``: the
+  same, but the Python workers build each ``Row`` and serialise it.
 
-It prints the medians and the ratio publish / parquet (the target is >= 0.5).
+It prints the medians and the ratios to parquet (the target is >= 0.5).
 Spark and the broker share the machine's cores, as they would on one node.
 """
 
@@ -65,7 +67,7 @@ def main() -> None:
                 df = (spark.range(0, a.rows, numPartitions=a.partitions)
                       .withColumn("payload", F.expr(f"repeat('x', {pad})"))).cache()
                 df.count()
-                parquet, publish = [], []
+                parquet, publish, rows_path = [], [], []
                 for run in range(a.runs):
                     out = os.path.join(tmp, f"parquet-{size}-{run}")
                     t = time.perf_counter()
@@ -73,19 +75,26 @@ def main() -> None:
                     parquet.append(a.rows / (time.perf_counter() - t))
                     shutil.rmtree(out)
 
-                    topic = f"spark_{size}_{run}"
-                    counters = PublishCounters.create(spark.sparkContext)
-                    t = time.perf_counter()
-                    df.foreachPartition(PartitionPublisher(topic, broker.zmq_endpoint,
-                                                           counters=counters))
-                    publish.append(a.rows / (time.perf_counter() - t))
-                    assert counters.values()["published"] == a.rows, counters.values()
-                    broker.topic_command(topic, "delete")
+                    for how, rates in (("publish", publish), ("rows", rows_path)):
+                        topic = f"spark_{size}_{run}_{how}"
+                        counters = PublishCounters.create(spark.sparkContext)
+                        publisher = PartitionPublisher(topic, broker.zmq_endpoint,
+                                                       counters=counters)
+                        t = time.perf_counter()
+                        if how == "publish":
+                            publisher.publish(df)
+                        else:
+                            df.foreachPartition(publisher)
+                        rates.append(a.rows / (time.perf_counter() - t))
+                        assert counters.values()["published"] == a.rows, counters.values()
+                        broker.topic_command(topic, "delete")
                 df.unpersist()
                 p, q = statistics.median(publish), statistics.median(parquet)
-                print(f"{size:>5} B rows: publish {p:>9,.0f} rows/s ({p * size / 1e6:6.1f} MB/s)"
-                      f"   parquet {q:>9,.0f} rows/s   ratio {p / q:.2f}"
-                      f"   [publish runs {', '.join(f'{x:,.0f}' for x in publish)}]")
+                r = statistics.median(rows_path)
+                print(f"{size:>5} B: publish(df) {p:>9,.0f} rows/s ({p * size / 1e6:5.1f} MB/s)"
+                      f"  foreachPartition {r:>9,.0f}  parquet {q:>9,.0f} rows/s"
+                      f"  ratio {p / q:.2f} / {r / q:.2f}"
+                      f"  [publish(df) runs {', '.join(f'{x:,.0f}' for x in publish)}]")
     finally:
         spark.stop()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -51,6 +51,7 @@ import zmq
 from transport import protocol_commands as pc
 from transport.protocol_common import ProtocolError
 from transport.zmq_protocol import ErrorReply, Messages, Ok, encode_request, parse_reply
+from transport.zmqio import recv_frames, send_frames
 
 log = logging.getLogger(__name__)
 
@@ -175,14 +176,14 @@ class Producer:
         for command in commands:
             corr = b"#%d" % next(self._corr)
             waiting[corr] = command
-            sock.send_multipart(encode_request(command, corr))
+            send_frames(sock, encode_request(command, corr))
         deadline = time.monotonic() + self.timeout
         refused: BrokerRefused | None = None
         while waiting:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not sock.poll(int(remaining * 1000) + 1):
                 raise TimeoutError(f"{broker.endpoint} did not answer in {self.timeout}s")
-            reply = parse_reply(sock.recv_multipart())
+            reply = parse_reply(recv_frames(sock))
             corr = getattr(reply, "corr", None)
             if corr not in waiting:
                 continue  # a heartbeat, or the answer to a request that timed out earlier
@@ -252,7 +253,7 @@ class _Session:
 
     def send(self, command: Any, corr: bytes | None = None) -> None:
         assert self.sock is not None
-        self.sock.send_multipart(encode_request(command, corr))
+        send_frames(self.sock, encode_request(command, corr))
 
     def run(self) -> None:
         backoff = 0.05
@@ -300,7 +301,7 @@ class _Session:
                     return  # no answer to CLS: closing the socket requeues all the same
                 continue
             last_heard = time.monotonic()
-            reply = parse_reply(self.sock.recv_multipart())
+            reply = parse_reply(recv_frames(self.sock))
             if isinstance(reply, Messages):
                 for m in reply.messages:
                     self._handle(m)

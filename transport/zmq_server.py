@@ -45,6 +45,7 @@ from transport.zmq_protocol import (
     encode_ok,
     parse_request,
 )
+from transport.zmqio import recv_frames, send_frames
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ class ZmqServer:
             return
         with self._push_lock:
             if not self._push.closed:
-                self._push.send_multipart([rid, *frames], copy=False)
+                send_frames(self._push, [rid, *frames])
 
     def drop(self, session: str) -> None:
         """End a session from any thread (after a fatal error the broker found)."""
@@ -159,14 +160,14 @@ class ZmqServer:
                 if pull in events:
                     for _ in range(1000):
                         try:
-                            frames = pull.recv_multipart(zmq.NOBLOCK, copy=False)
+                            frames = recv_frames(pull, zmq.NOBLOCK)
                         except zmq.Again:
                             break
-                        self._outgoing([f.bytes for f in frames])
+                        self._outgoing(frames)
                 if router in events:
                     for _ in range(1000):
                         try:
-                            frames = router.recv_multipart(zmq.NOBLOCK)
+                            frames = recv_frames(router, zmq.NOBLOCK)
                         except zmq.Again:
                             break
                         self._incoming(frames[0], frames[1:])
@@ -194,7 +195,7 @@ class ZmqServer:
                 self._close(rid, notify=True)
             return
         if frames[0] in self._sessions:
-            self._router.send_multipart(frames)
+            send_frames(self._router, frames)
 
     def _session(self, rid: bytes) -> _Session:
         s = self._sessions.get(rid)
