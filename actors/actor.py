@@ -121,7 +121,8 @@ class Actor(pykka.ThreadingActor):
     Subclasses take the actor's name as first constructor argument (factories
     are called as ``factory(name)``), implement ``on_receive(message)`` and
     may implement ``on_start`` (recover state; called again after every
-    restart) and ``on_stop`` (flush and close storage on orderly shutdown).
+    restart, when ``restart_count`` > 0) and ``on_stop`` (flush and close
+    storage on orderly shutdown).
 
     A message that raises while being *told* crashes the actor: the slot
     builds a fresh instance with the same name and arguments.  A message that
@@ -135,6 +136,7 @@ class Actor(pykka.ThreadingActor):
         super().__init__()
         self.name = name
         self.handled = 0
+        self.restart_count = 0  # set by the slot before on_start: 0 on first start
         self._stop_requested = False
         self._unprocessed: Sequence[Any] = ()
 

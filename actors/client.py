@@ -21,7 +21,9 @@ connection, as nsqd does.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,11 +42,20 @@ from actors.broker_messages import (
     Unsub,
 )
 from actors.broker_options import BrokerOptions
-from actors.nsq_errors import BrokerError, bad_body, bad_channel, bad_topic, invalid
+from actors.nsq_errors import (
+    BrokerError,
+    PubFailed,
+    bad_body,
+    bad_channel,
+    bad_topic,
+    invalid,
+)
 from actors.nsq_message import is_valid_channel_name, is_valid_topic_name
 from transport.envelope import message
 
 log = logging.getLogger(__name__)
+
+PUBLISH_TIMEOUT = 10.0  # seconds a publish may wait for its topic before it fails
 
 
 @message
@@ -133,17 +144,35 @@ class ClientInfo:
 class ClientActor(Actor):
     """See the module docstring."""
 
-    def __init__(self, name: str, options: BrokerOptions) -> None:
+    def __init__(self, name: str, options: BrokerOptions,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(name)
         self.options = options
+        self.clock = clock
         self.msg_timeout_ms = int(options.msg_timeout * 1000)
         self.channel: str | None = None  # "channel:topic/channel"
         self.rdy = 0
         self.outbox: deque[tuple[Any, ...]] = deque()
         self.closed = False
         self.pub_seq = 0
-        self.pubs: deque[tuple[int, bytes | None]] = deque()  # waiting answers, in order
+        # waiting answers, in order: (seq, corr, when sent)
+        self.pubs: deque[tuple[int, bytes | None, float]] = deque()
         self.pub_done: dict[int, Any] = {}
+
+    def on_start(self) -> None:
+        if not self.restart_count:
+            return
+        # Restarted after a crash: the lost instance's subscription, RDY and pending
+        # publishes are gone.  Release its in-flight messages and drop the connection,
+        # so the client reconnects and starts again from a state both sides know.
+        lost = connections.subscription(self.name)
+        if lost is not None:
+            self.tell(lost, Unsub(self.name))
+            connections.remember_subscription(self.name, None)
+        if connections.lookup(self.name) is not None:
+            log.warning("client actor %s restarted; closing its connection", self.name)
+            self._error(invalid("the broker lost this connection's state (its client "
+                                "actor restarted); reconnect"))  # fatal: closes
 
     def on_stop(self) -> None:
         self._leave()
@@ -158,11 +187,13 @@ class ClientActor(Actor):
                     self.outbox.extend(("message", channel, m) for m in messages)
             case PublishDone(corr=seq, error=error):
                 health.record_publish(error)
-                self.pub_done[seq] = error
-                self._answer_publishes()
+                if self.pubs and seq >= self.pubs[0][0]:  # else: given up on (expired)
+                    self.pub_done[seq] = error
+                    self._answer_publishes()
             case ClientError(error=error):
                 self._error(BrokerError(error[1], fatal=error[2], code=error[0]))
             case ClientTick():
+                self._expire_publishes()
                 if self.channel is not None:
                     self.tell(self.channel, Rdy(self.name, self.rdy, self.msg_timeout_ms))
             case ClientTake(limit=limit):
@@ -195,6 +226,7 @@ class ClientActor(Actor):
                 if not is_valid_channel_name(channel):
                     raise bad_channel(channel, "SUB")
                 self.channel = f"channel:{topic}/{channel}"
+                connections.remember_subscription(self.name, self.channel)
                 self.tell(self.channel, Sub(self.name, self.msg_timeout_ms))
             case ClientRdy() if self.closed:
                 pass  # nsqd ignores RDY after CLS
@@ -221,7 +253,8 @@ class ClientActor(Actor):
                 if not is_valid_topic_name(topic):
                     raise bad_topic(topic, "DPUB" if defer_ms else "PUB")
                 self.pub_seq += 1
-                self.pubs.append((self.pub_seq, corr))
+                self.pubs.append((self.pub_seq, corr, self.clock()))
+                self._expire_publishes()
                 self.tell(f"topic:{topic}", Publish(list(bodies), defer_ms, self.name,
                                                     self.pub_seq))
             case ClientGone():
@@ -241,9 +274,21 @@ class ClientActor(Actor):
         if self.channel is None:
             raise invalid(f"cannot {verb} in current state")
 
+    def _expire_publishes(self) -> None:
+        """A publish unanswered for PUBLISH_TIMEOUT (its topic's worker died with it):
+        fail it with nsqd's fatal E_PUB_FAILED, which closes the connection, rather than
+        hold this and every later answer back forever.  The client publishes again;
+        the message may or may not have been stored (at least once)."""
+        if self.pubs and self.clock() - self.pubs[0][2] > PUBLISH_TIMEOUT and not self.closed:
+            corr = self.pubs[0][1]
+            self.pub_done.clear()
+            self.pubs.clear()
+            self._error(PubFailed(f"PUB failed: no answer from the topic in "
+                                  f"{PUBLISH_TIMEOUT:g}s", fatal=True), corr)
+
     def _answer_publishes(self) -> None:
         while self.pubs and self.pubs[0][0] in self.pub_done:
-            seq, corr = self.pubs.popleft()
+            seq, corr, _ = self.pubs.popleft()
             error = self.pub_done.pop(seq)
             if error is not None:
                 self._error(BrokerError(error[1], fatal=error[2], code=error[0]), corr)
@@ -272,4 +317,5 @@ class ClientActor(Actor):
         if self.channel is not None:
             self.tell(self.channel, Unsub(self.name))
             self.channel = None
+            connections.remember_subscription(self.name, None)
             self.rdy = 0

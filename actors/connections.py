@@ -33,6 +33,7 @@ class Connection(Protocol):
 
 
 _CONNECTIONS: dict[str, Connection] = {}
+_SUBSCRIPTIONS: dict[str, str] = {}  # client actor -> "channel:T/C", outlives a crash
 
 
 def register(name: str, connection: Connection) -> None:
@@ -40,7 +41,21 @@ def register(name: str, connection: Connection) -> None:
 
 
 def unregister(name: str) -> Connection | None:
+    _SUBSCRIPTIONS.pop(name, None)
     return _CONNECTIONS.pop(name, None)
+
+
+def remember_subscription(name: str, channel: str | None) -> None:
+    """Record (or, with None, forget) the channel a client actor subscribed to, so an
+    instance restarted after a crash can release what the lost one held."""
+    if channel is None:
+        _SUBSCRIPTIONS.pop(name, None)
+    else:
+        _SUBSCRIPTIONS[name] = channel
+
+
+def subscription(name: str) -> str | None:
+    return _SUBSCRIPTIONS.get(name)
 
 
 def lookup(name: str) -> Connection | None:

@@ -130,6 +130,7 @@ class ActorSlot:
             while True:
                 actor = self._construct()
                 if actor is not None:
+                    actor.restart_count = self.restarts
                     if unprocessed:
                         self.mailbox.put_front(Envelope(Batch(unprocessed)))
                     stopped, unprocessed = self._run_instance(actor)

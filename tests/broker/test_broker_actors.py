@@ -263,6 +263,24 @@ def test_cls_stops_deliveries_but_in_flight_messages_can_still_be_finished(start
     assert len(c.messages) == 2
 
 
+def test_a_crashed_client_actor_releases_what_it_held_at_once(start_broker):
+    # The restarted instance cannot know the lost one's subscription except through the
+    # connection registry: it must requeue the in-flight messages now, not at the timeout.
+    b = start_broker(debug_hooks=True, msg_timeout=60.0)
+    c = Client(b, "victim").sub("t", "c", rdy=10)
+    b.publish("t", [b"a", b"b", b"c"])
+    c.wait_messages(3)
+    assert _channel_stats(b, "t", "c")["in_flight_count"] == 3
+    b.supervisor.crash("client:victim")
+    wait_for(lambda: _channel_stats(b, "t", "c")["in_flight_count"] == 0, what="released")
+    stats = _channel_stats(b, "t", "c")
+    assert stats["depth"] == 3
+    assert stats["timeout_count"] == 0  # released by the restart, not by the 60 s timeout
+    other = Client(b, "other").sub("t", "c", rdy=10)
+    other.wait_messages(3)
+    assert sorted(other.bodies()) == [b"a", b"b", b"c"]
+
+
 def test_an_ephemeral_topic_is_deleted_when_its_last_channel_goes(start_broker):
     b = start_broker(mem_queue_size=5)
     c = Client(b, "c").sub("live#ephemeral", "view#ephemeral", rdy=0)

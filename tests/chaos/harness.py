@@ -108,6 +108,14 @@ class BrokerProcess:
         with ControlClient(run_dir_for(str(self.data)), timeout=5) as ctl:
             return ctl.ps()
 
+    def client_actors(self) -> list[str]:
+        """The names of the live client actors (one per client connection)."""
+        from actors.broker_options import run_dir_for
+        from actors.control import ControlClient
+
+        with ControlClient(run_dir_for(str(self.data)), timeout=5) as ctl:
+            return [a.name for a in ctl.actors() if a.name.startswith("client:")]
+
     def kill_all(self) -> None:
         """SIGKILL the supervisor and every child (power-cut style for the processes)."""
         if self.proc is not None:
@@ -129,6 +137,35 @@ class BrokerProcess:
         subprocess.run([sys.executable, "-m", "actors.ctl", "--run-dir",
                         run_dir_for(str(self.data)), "crash", name],
                        capture_output=True, timeout=30, check=False)
+
+
+class Sockets:
+    """The workload's live TCP connections, so the nemesis can cut one."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live: set[socket.socket] = set()
+
+    def add(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._live.add(sock)
+
+    def discard(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._live.discard(sock)
+
+    def cut_one(self, rng: random.Random) -> bool:
+        """Shut one connection down both ways (as a network drop looks to both ends)."""
+        with self._lock:
+            live = sorted(self._live, key=lambda s: s.fileno())
+        if not live:
+            return False
+        with contextlib.suppress(OSError):
+            rng.choice(live).shutdown(socket.SHUT_RDWR)
+        return True
+
+
+SOCKETS = Sockets()
 
 
 @dataclass
@@ -205,6 +242,7 @@ def tcp_producer(broker: BrokerProcess, ledger: Ledger, stop: threading.Event, t
             stop.wait(0.2)
             continue
         codec = ClientConnection()
+        SOCKETS.add(sock)
         try:
             while not stop.is_set():
                 body = b"%s-%d" % (tag.encode(), n)
@@ -229,6 +267,7 @@ def tcp_producer(broker: BrokerProcess, ledger: Ledger, stop: threading.Event, t
         except (OSError, ConnectionError):
             stop.wait(0.2)
         finally:
+            SOCKETS.discard(sock)
             sock.close()
 
 

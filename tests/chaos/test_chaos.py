@@ -5,7 +5,8 @@ was acknowledged; consumers record every delivery (some REQ, some overrun
 their timeout); deferred publishes are mixed in.  A nemesis, at random
 moments, SIGKILLs a worker, the gateway, or the supervisor with all its
 children (then starts the broker again), crashes a topic / channel /
-disk-queue actor through the debug hook, or restarts the broker cleanly.
+disk-queue actor or a client actor (whose connection then closes) through the
+debug hook, cuts a producer's TCP connection, or restarts the broker cleanly.
 Then the nemesis stops, the broker recovers, every channel is drained, and
 the checker asserts lost = 0 and unexpected = 0 (duplicates are allowed and
 reported).
@@ -26,6 +27,7 @@ import time
 import pytest
 
 from tests.chaos.harness import (
+    SOCKETS,
     BrokerProcess,
     Ledger,
     consumer,
@@ -43,7 +45,7 @@ pytestmark = pytest.mark.timeout(max(240, int(SECONDS * 6)))
 def nemesis(broker: BrokerProcess, stop: threading.Event, rng: random.Random,
             log: list[str]) -> None:
     actions = ["kill_worker", "kill_worker", "kill_gateway", "kill_all", "crash_actor",
-               "restart"]
+               "crash_client", "drop_connection", "restart"]
     while not stop.wait(rng.uniform(2.0, 4.0)):
         action = rng.choice(actions)
         log.append(action)
@@ -56,6 +58,12 @@ def nemesis(broker: BrokerProcess, stop: threading.Event, rng: random.Random,
             elif action == "kill_all":
                 broker.kill_all()
                 broker.start()
+            elif action == "crash_client":  # its connection is closed; the client reconnects
+                clients = broker.client_actors()
+                if clients:
+                    broker.ctl_crash(rng.choice(sorted(clients)))
+            elif action == "drop_connection":
+                SOCKETS.cut_one(rng)
             elif action == "crash_actor":
                 broker.ctl_crash(rng.choice(["topic:chaos", "channel:chaos/check",
                                              "diskqueue:chaos/check", "diskqueue:chaos"]))

@@ -1,0 +1,59 @@
+"""The client actor's own rules, driven directly with a fake clock (no runtime needed)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from actors.broker_messages import PublishDone
+from actors.client import PUBLISH_TIMEOUT, ClientActor, ClientPub, ClientTick
+from tests.broker.conftest import broker_options
+
+pytestmark = pytest.mark.timeout(10)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def client(tmp_path) -> tuple[ClientActor, Clock, list[Any]]:
+    clock, sent = Clock(), []
+    actor = ClientActor("client:c", broker_options(tmp_path / "data"), clock=clock)
+    actor.tell = lambda name, message: sent.append((name, message))  # type: ignore[method-assign]
+    return actor, clock, sent
+
+
+def test_publishes_are_answered_in_request_order(client):
+    actor, _, sent = client
+    actor.on_receive(ClientPub("a", [b"1"], corr=b"#1"))
+    actor.on_receive(ClientPub("b", [b"2"], corr=b"#2"))
+    assert [name for name, _ in sent] == ["topic:a", "topic:b"]
+    actor.on_receive(PublishDone(2, None))
+    assert list(actor.outbox) == []  # #2 waits for #1
+    actor.on_receive(PublishDone(1, None))
+    assert list(actor.outbox) == [("ok", b"#1"), ("ok", b"#2")]
+
+
+def test_a_publish_its_topic_never_answers_fails_and_closes_instead_of_blocking(client):
+    actor, clock, _ = client
+    actor.on_receive(ClientPub("lost", [b"1"], corr=b"#1"))
+    actor.on_receive(ClientPub("lost", [b"2"], corr=b"#2"))
+    clock.now += PUBLISH_TIMEOUT - 1
+    actor.on_receive(ClientTick())
+    assert list(actor.outbox) == []
+    clock.now += 2
+    actor.on_receive(ClientTick())
+    (kind, (code, text, fatal)), = actor.outbox
+    assert (kind, code, fatal) == ("error", "E_PUB_FAILED", True)
+    assert "no answer from the topic" in text
+    assert actor.closed
+    actor.outbox.clear()
+    actor.on_receive(PublishDone(1, None))  # the answer comes back after all: ignored
+    actor.on_receive(PublishDone(2, None))
+    assert list(actor.outbox) == []
