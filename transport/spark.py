@@ -60,6 +60,7 @@ from pyspark import TaskContext
 from pyspark.sql import types as t
 
 from transport.client import Consumer, Message, Producer
+from transport.protocol_common import ProtocolError, check_topic
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +188,13 @@ class PartitionPublisher:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "endpoints", _addresses(self.endpoints))
-        _serializer(self.serializer)  # fail on the driver, not in every task
+        # fail on the driver, not in every task
+        _serializer(self.serializer)
+        for topic in filter(None, (self.topic, self.bad_rows_topic)):
+            try:
+                check_topic(topic.encode(), "PUB")
+            except ProtocolError as e:
+                raise ValueError(f"{e.code} {e.text}") from None
         if self.batch_size < 1 or self.batches_in_flight < 1:
             raise ValueError("batch_size and batches_in_flight must be positive")
 

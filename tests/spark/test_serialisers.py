@@ -59,6 +59,10 @@ def test_publisher_checks_its_options_on_the_driver():
         PartitionPublisher("t", "tcp://127.0.0.1:1", serializer="xml")
     with pytest.raises(ValueError, match="endpoint"):
         PartitionPublisher("t", "")
+    with pytest.raises(ValueError, match="E_BAD_TOPIC PUB topic name \"no spaces\" is not valid"):
+        PartitionPublisher("no spaces", "tcp://127.0.0.1:1")
+    with pytest.raises(ValueError, match="E_BAD_TOPIC"):
+        PartitionPublisher("t", "tcp://127.0.0.1:1", bad_rows_topic="x" * 65)
     assert PartitionPublisher("t", "tcp://a:1, tcp://b:2").endpoints == ("tcp://a:1", "tcp://b:2")
 
 
