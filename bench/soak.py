@@ -26,6 +26,7 @@ from tests.chaos.harness import (
     BrokerProcess,
     Ledger,
     consumer,
+    drain,
     http_producer,
     tcp_producer,
     zmq_producer,
@@ -45,9 +46,10 @@ def main() -> None:
     broker = BrokerProcess(work / "data", work / "broker.log")
     broker.start()
     ledger = Ledger()
-    stop_load, stop_nemesis = threading.Event(), threading.Event()
+    stop_load, stop_nemesis, draining = threading.Event(), threading.Event(), threading.Event()
     actions: list[str] = []
-    consumers = [consumer(broker, ledger, random.Random(rng.random())) for _ in range(2)]
+    consumers = [consumer(broker, ledger, random.Random(rng.random()), draining)
+                 for _ in range(2)]
     threads = [threading.Thread(target=f, args=(broker, ledger, stop_load, tag,
                                                 random.Random(rng.random())))
                for f, tag in ((zmq_producer, "z1"), (zmq_producer, "z2"),
@@ -80,20 +82,17 @@ def main() -> None:
     stop_load.set()
     for t in threads:
         t.join(120)
-    if not broker.ping():
-        broker.kill_all()
-        broker.start()
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and ledger.check()["lost"]:
-        time.sleep(1)
-    result = ledger.check()
+    draining.set()
+    drained_from = time.monotonic()
+    result = drain(broker, ledger, timeout=900)
+    drain_s = time.monotonic() - drained_from
     for c in consumers:
         c.close(timeout=5)
     broker.stop()
     lat = sorted(ledger.latencies)
     q = statistics.quantiles(lat, n=100) if len(lat) > 100 else [0.0] * 99
     print(f"nemesis: {actions}")
-    print(f"checker: {result}; duplicate rate "
+    print(f"checker (after a {drain_s:.0f} s drain): {result}; duplicate rate "
           f"{result['duplicated'] / max(1, result['delivered']):.1%}")
     print(f"publish-to-delivery latency p50 {q[49] * 1000:.1f} ms, p99 {q[98] * 1000:.1f} ms")
     print("peak rss MiB: " + " ".join(f"{k}={v / 2**20:.0f}" for k, v in sorted(peak.items())))

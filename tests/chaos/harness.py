@@ -289,11 +289,37 @@ def http_producer(broker: BrokerProcess, ledger: Ledger, stop: threading.Event, 
         time.sleep(rng.random() * 0.02)
 
 
-def consumer(broker: BrokerProcess, ledger: Ledger, rng: random.Random) -> Consumer:
-    """A consumer that REQs about 5 % of first deliveries and sits on 0.2 % past the timeout."""
+def drain(broker: BrokerProcess, ledger: Ledger, timeout: float) -> dict[str, int]:
+    """After the load stops: bring the broker up if it is down, then wait until the
+    channel is empty (nothing queued, in flight or deferred) and nothing acknowledged is
+    missing, or `timeout` passes.  The checker's counts, plus ``undrained``: what the
+    channel still held at the end (so a slow drain is not mistaken for a loss)."""
+    if not broker.ping():
+        broker.kill_all()
+        broker.start()
+    deadline = time.monotonic() + timeout
+    undrained = -1
+    while True:
+        try:
+            ch = broker.stats()["topics"][0]["channels"][0]
+            undrained = ch["depth"] + ch["in_flight_count"] + ch["deferred_count"]
+        except (OSError, IndexError, KeyError, ValueError):
+            undrained = -1  # the broker is restarting
+        if (undrained == 0 and ledger.check()["lost"] == 0) or time.monotonic() > deadline:
+            return {**ledger.check(), "undrained": undrained}
+        time.sleep(0.5)  # poll interval of the two conditions above
+
+
+def consumer(broker: BrokerProcess, ledger: Ledger, rng: random.Random,
+             draining: threading.Event | None = None) -> Consumer:
+    """A consumer that REQs about 5 % of first deliveries and sits on 0.2 % past the timeout
+    (until `draining` is set: then it just takes everything, to empty the channel)."""
     lock = threading.Lock()
 
     def handle(m: Message) -> None:
+        if draining is not None and draining.is_set():
+            ledger.deliver(m.body, m.timestamp)
+            return
         with lock:
             roll = rng.random()
         if m.attempts == 1 and roll < 0.05:

@@ -31,6 +31,7 @@ from tests.chaos.harness import (
     BrokerProcess,
     Ledger,
     consumer,
+    drain,
     http_producer,
     tcp_producer,
     zmq_producer,
@@ -80,9 +81,10 @@ def test_nothing_acknowledged_is_lost_under_kills_and_crashes(tmp_path):
     broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log")
     broker.start()
     ledger = Ledger()
-    stop_load, stop_nemesis = threading.Event(), threading.Event()
+    stop_load, stop_nemesis, draining = threading.Event(), threading.Event(), threading.Event()
     actions: list[str] = []
-    consumers = [consumer(broker, ledger, random.Random(rng.random())) for _ in range(2)]
+    consumers = [consumer(broker, ledger, random.Random(rng.random()), draining)
+                 for _ in range(2)]
     producers = [
         threading.Thread(target=zmq_producer, args=(broker, ledger, stop_load, "z1",
                                                      random.Random(rng.random()))),
@@ -104,26 +106,8 @@ def test_nothing_acknowledged_is_lost_under_kills_and_crashes(tmp_path):
         stop_load.set()
         for t in producers:
             t.join(60)
-        # Recovery: the broker must be up, then every channel drains.
-        if not broker.ping():
-            broker.kill_all()
-            broker.start()
-        deadline = time.monotonic() + 120
-        last = None
-        while time.monotonic() < deadline:
-            result = ledger.check()
-            try:
-                ch = broker.stats()["topics"][0]["channels"][0]
-                drained = ch["depth"] == 0 and ch["in_flight_count"] == 0 \
-                    and ch["deferred_count"] == 0
-            except (OSError, IndexError, KeyError, ValueError):
-                drained = False
-            if drained and result["lost"] == 0:
-                break
-            if result != last:
-                last = result
-            time.sleep(0.5)
-        result = ledger.check()
+        draining.set()
+        result = drain(broker, ledger, timeout=120)
         print(f"chaos: nemesis did {actions}; {result}; "
               f"duplicate rate {result['duplicated'] / max(1, result['delivered']):.2%}")
         assert result["acknowledged"] > 100, "the workload hardly ran"
