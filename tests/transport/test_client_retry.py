@@ -1,0 +1,71 @@
+"""The Producer against a scripted broker: only unanswered requests are sent again."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import zmq
+
+from transport import protocol_commands as pc
+from transport.client import Producer, PublishError
+from transport.zmq_protocol import encode_ok, parse_request
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class ScriptedBroker:
+    """A ROUTER that answers each MPUB unless `ignore(attempt_no, bodies)` says not to."""
+
+    def __init__(self, ignore) -> None:
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.endpoint = f"tcp://127.0.0.1:{self.sock.bind_to_random_port('tcp://127.0.0.1')}"
+        self.ignore = ignore
+        self.received: list[tuple[bytes, ...]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            if not self.sock.poll(20):
+                continue
+            rid, *frames = self.sock.recv_multipart()
+            request = parse_request(frames)
+            bodies = request.command.bodies if isinstance(request.command, pc.Mpub) else ()
+            self.received.append(bodies)
+            if not self.ignore(len(self.received), request.command.bodies):
+                self.sock.send_multipart([rid, *encode_ok(request.corr)])
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.sock.close()
+        self.ctx.term()
+
+
+def test_a_retry_resends_only_what_was_not_acknowledged():
+    # The first round: batches a, b, c; b's answer never comes.
+    broker = ScriptedBroker(lambda n, bodies: n == 2)
+    try:
+        with Producer(broker.endpoint, timeout=0.3, max_attempts=2) as p:
+            p.publish_batch("t", [b"a", b"b", b"c"], batch_size=1)
+            assert p.retried == 1
+        assert broker.received == [(b"a",), (b"b",), (b"c",), (b"b",)]
+    finally:
+        broker.close()
+
+
+def test_retry_for_keeps_trying_past_max_attempts_then_raises():
+    broker = ScriptedBroker(lambda n, bodies: True)  # never answers
+    try:
+        with Producer(broker.endpoint, timeout=0.1, max_attempts=1, max_backoff=0.1,
+                      retry_for=1.0) as p:
+            with pytest.raises(PublishError, match="no broker acknowledged"):
+                p.multi_publish("t", [b"x"])
+            assert p.retried >= 3  # max_attempts alone would have allowed one
+        assert len(broker.received) >= 3
+    finally:
+        broker.close()
