@@ -11,11 +11,12 @@ options), builds a DataFrame of ``--rows`` rows whose JSON form is about
 * **parquet**: ``df.write.parquet(tmp)``, the ceiling of the Spark side (the
   same job with its rows going to local files instead of the broker);
 * **publish(df)**: ``PartitionPublisher(...).publish(df)``: rows to JSON in the
-  JVM (``df.toJSON()``), the Python workers publish MPUBs of 500, 8
+  JVM (``df.toJSON()``), the Python workers publish MPUBs of 2000, 8
   pipelined, every acknowledgement awaited;
 * **foreachPartition**: ``df.foreachPartition(PartitionPublisher(...))``: the
   same, but the Python workers build each ``Row`` and serialise it.
 
+One untimed round of both comes first (Python workers and the JVM warm up).
 It prints the medians and the ratios to parquet (the target is >= 0.5).
 Spark and the broker share the machine's cores, as they would on one node.
 """
@@ -68,6 +69,10 @@ def main() -> None:
                       .withColumn("payload", F.expr(f"repeat('x', {pad})"))).cache()
                 df.count()
                 parquet, publish, rows_path = [], [], []
+                # one untimed round first: Spark's Python workers and the JIT warm up
+                df.write.parquet(os.path.join(tmp, f"warm-{size}"))
+                PartitionPublisher(f"warm_{size}", broker.zmq_endpoint).publish(df)
+                broker.topic_command(f"warm_{size}", "delete")
                 for run in range(a.runs):
                     out = os.path.join(tmp, f"parquet-{size}-{run}")
                     t = time.perf_counter()

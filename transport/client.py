@@ -55,6 +55,8 @@ from transport.zmqio import recv_frames, send_frames
 
 log = logging.getLogger(__name__)
 
+MAX_BATCH_BYTES = 4 * 1024 * 1024  # an MPUB's body stays under nsqd's 5 MiB --max-body-size
+
 
 class ClientError(Exception):
     """Root of the client library's errors."""
@@ -120,10 +122,24 @@ class Producer:
     def deferred_publish(self, topic: str, delay_ms: int, body: bytes) -> None:
         self._call([pc.Dpub(topic, delay_ms, body)])
 
-    def publish_batch(self, topic: str, bodies: Sequence[bytes], batch_size: int = 200) -> None:
-        """Publish many bodies as MPUBs of `batch_size`, pipelined: one wait for all."""
-        commands = [pc.Mpub(topic, tuple(bodies[i : i + batch_size]))
-                    for i in range(0, len(bodies), batch_size)]
+    def publish_batch(self, topic: str, bodies: Sequence[bytes], batch_size: int = 200,
+                      max_bytes: int = MAX_BATCH_BYTES) -> None:
+        """Publish many bodies as MPUBs of `batch_size`, pipelined: one wait for all.
+
+        An MPUB also stops before its NSQ-encoded body (4 bytes, then 4 + size per
+        message) would pass `max_bytes`, so it stays under the broker's
+        ``--max-body-size`` (5 MiB by default, as nsqd).
+        """
+        commands = []
+        start, size = 0, 4
+        for i, body in enumerate(bodies):
+            grown = size + 4 + len(body)
+            if i > start and (i - start >= batch_size or grown > max_bytes):
+                commands.append(pc.Mpub(topic, tuple(bodies[start:i])))
+                start, grown = i, 8 + len(body)
+            size = grown
+        if start < len(bodies):
+            commands.append(pc.Mpub(topic, tuple(bodies[start:])))
         if commands:
             self._call(commands)
 

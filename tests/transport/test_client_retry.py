@@ -69,3 +69,16 @@ def test_retry_for_keeps_trying_past_max_attempts_then_raises():
         assert len(broker.received) >= 3
     finally:
         broker.close()
+
+
+def test_publish_batch_splits_by_count_and_by_bytes():
+    broker = ScriptedBroker(lambda n, bodies: False)
+    try:
+        with Producer(broker.endpoint, timeout=2) as p:
+            p.publish_batch("t", [b"x"] * 5, batch_size=2)
+            # 4 + (4 + 10) * 3 = 46 bytes would pass 40: two messages, then the rest
+            p.publish_batch("t", [b"y" * 10] * 5, batch_size=100, max_bytes=40)
+            p.publish_batch("t", [b"z" * 100], max_bytes=40)  # one oversized body still goes
+        assert [len(b) for b in broker.received] == [2, 2, 1, 2, 2, 1, 1]
+    finally:
+        broker.close()
