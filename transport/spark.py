@@ -123,19 +123,11 @@ def _serializer(spec: str | Serializer) -> Serializer:
             from None
 
 
-def from_json(body: bytes) -> Any:
-    return json.loads(body)
-
-
-def from_msgpack(body: bytes) -> Any:
-    return msgpack.unpackb(body)
-
-
 def _deserializer(spec: str | Deserializer) -> Deserializer:
     if callable(spec):
         return spec
     try:
-        return {"json": from_json, "msgpack": from_msgpack}[spec]
+        return {"json": json.loads, "msgpack": msgpack.unpackb}[spec]
     except KeyError:
         raise ValueError(f"unknown deserializer {spec!r} (json, msgpack or a function)") from None
 
