@@ -5,7 +5,8 @@ Theory of operation
 A channel holds NSQ-encoded messages (``actors.nsq_message``) and hands each one
 to one of its subscribed clients.  It keeps:
 
-* ``ready``: messages waiting for a client, oldest first.  Each carries a
+* ``ready``: messages waiting for a client, oldest first (a
+  :class:`ReadyQueue`).  Each carries a
   *handle* saying where the message is durable: ``None`` (memory only),
   a disk-queue position (``int >= 0``: the channel's disk queue runs in
   ack-position mode, so the message stays on disk until it is finished) or
@@ -28,21 +29,24 @@ the same message from the disk queue, so a crash between them duplicates
 rather than loses).
 
 Delivery (``pump``) picks a random ready client for every message -- nsqd's
-load balancing inside a channel -- and increments the message's attempts.
-A message that was already delivered ``max_attempts`` times goes to the
-dead-letter topic instead of being delivered again.
+load balancing inside a channel.  When exactly one client is ready, that
+choice is made once for the whole run of messages it has room for, which go
+out as one slice.  A message is stored with the attempts number its next
+delivery shows (``actors.nsq_message``), so a delivery sends the bytes as
+they are, and a message that comes back (REQ, timeout, client gone) is
+rewritten with one attempt more.  A message whose next delivery would exceed
+``max_attempts`` goes to the dead-letter topic instead.
 """
 
 from __future__ import annotations
 
 import random
 import struct
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from actors.nsq_errors import BrokerError, fin_failed, invalid, req_failed, touch_failed
-from actors.nsq_message import message_id
+from actors.nsq_message import FIRST_ATTEMPT, message_id, next_attempt
 from actors.pqueue import DeferredQueue, InFlightQueue
 
 DELAYED = -1
@@ -70,10 +74,91 @@ class ClientState:
 
 
 # An in-flight entry is a plain tuple (it is created for every delivery):
-# (encoded bytes with attempts, durability handle, client name).
+# (encoded bytes as delivered, durability handle, client name).
 InFlight = tuple[bytes, Handle, str]
 ENCODED, HANDLE, CLIENT = 0, 1, 2
-_ATTEMPTS = struct.Struct(">H")
+_DEAD_LETTER_ATTEMPTS = struct.pack(">H", FIRST_ATTEMPT)
+_COMPACT_AT = 4096
+
+
+class ReadyQueue:
+    """Messages waiting for a client, oldest first: ``(handle, encoded)`` pairs.
+
+    Two parallel lists and a head index, so a batch goes in with two
+    ``extend`` calls and a run goes out as two slices (:meth:`take`), instead
+    of one tuple and one deque operation per message.  Taken slots are
+    dropped once they are the larger part of the lists.
+    """
+
+    __slots__ = ("_handles", "_head", "_msgs")
+
+    def __init__(self) -> None:
+        self._handles: list[Handle] = []
+        self._msgs: list[bytes] = []
+        self._head = 0
+
+    def __len__(self) -> int:
+        return len(self._msgs) - self._head
+
+    def __iter__(self) -> Any:
+        return zip(self._handles[self._head :], self._msgs[self._head :], strict=True)
+
+    def extend_memory(self, messages: list[bytes]) -> None:
+        """Messages that live only in memory (handle ``None``)."""
+        self._msgs += messages
+        self._handles += [None] * len(messages)
+
+    def extend(self, items: list[tuple[Handle, bytes]]) -> None:
+        """``(handle, encoded)`` pairs, e.g. a batch read from the disk queue."""
+        if items:
+            handles, msgs = zip(*items, strict=True)
+            self._handles += handles
+            self._msgs += msgs
+
+    def append(self, handle: Handle, encoded: bytes) -> None:
+        self._handles.append(handle)
+        self._msgs.append(encoded)
+
+    def appendleft(self, handle: Handle, encoded: bytes) -> None:
+        if self._head:
+            self._head -= 1
+            self._handles[self._head] = handle
+            self._msgs[self._head] = encoded
+        else:
+            self._handles.insert(0, handle)
+            self._msgs.insert(0, encoded)
+
+    def popleft(self) -> tuple[Handle, bytes]:
+        head = self._head
+        if head >= len(self._msgs):
+            raise IndexError("pop from an empty ReadyQueue")
+        pair = self._handles[head], self._msgs[head]
+        self._head = head + 1
+        if head >= _COMPACT_AT:
+            self._compact()
+        return pair
+
+    def take(self, n: int) -> tuple[list[Handle], list[bytes]]:
+        """The oldest ``n`` (or fewer) as ``(handles, messages)``."""
+        head = self._head
+        end = head + n
+        handles, msgs = self._handles[head:end], self._msgs[head:end]
+        self._head = min(end, len(self._msgs))
+        if self._head >= _COMPACT_AT:
+            self._compact()
+        return handles, msgs
+
+    def clear(self) -> None:
+        self._handles, self._msgs, self._head = [], [], 0
+
+    def _compact(self) -> None:
+        head = self._head
+        if head == len(self._msgs):
+            self.clear()
+        elif 2 * head >= len(self._msgs):
+            del self._handles[:head]
+            del self._msgs[:head]
+            self._head = 0
 
 
 @dataclass
@@ -115,8 +200,7 @@ class ChannelState:
         self.max_attempts = max_attempts
         self.read_batch = read_batch
         self.rng = rng or random.Random()
-        # (handle, encoded): the order DiskQueue.read_many returns, so disk batches go in as is
-        self.ready: deque[tuple[Handle, bytes]] = deque()
+        self.ready = ReadyQueue()
         self.disk_depth = 0
         self.reading = False
         self.in_flight: InFlightQueue = InFlightQueue()
@@ -141,11 +225,11 @@ class ChannelState:
         self.stats.message_count += len(messages)
         room = self.mem_queue_size - len(self.ready)
         if self.disk_depth == 0 and not self.reading and room >= len(messages):
-            self.ready.extend((None, m) for m in messages)
+            self.ready.extend_memory(messages)
             return
         keep = max(0, room) if self.disk_depth == 0 and not self.reading else 0
         if keep:
-            self.ready.extend((None, m) for m in messages[:keep])
+            self.ready.extend_memory(messages[:keep])
             messages = messages[keep:]
         if self.durable:
             self.effects.disk_put.extend(messages)
@@ -195,7 +279,7 @@ class ChannelState:
                 if self.in_flight.get(msg_id)[CLIENT] == client]
         for msg_id in reversed(back):
             item = self.in_flight.remove(msg_id)
-            self.ready.appendleft((item[HANDLE], item[ENCODED]))
+            self.ready.appendleft(item[HANDLE], next_attempt(item[ENCODED]))
             self.stats.requeue_count += 1
 
     # -------------------------------------------------------- client commands
@@ -227,10 +311,11 @@ class ChannelState:
             state.in_flight -= 1
             state.requeued += 1
         self.stats.requeue_count += 1
+        encoded = next_attempt(item[ENCODED])
         if delay_ns <= 0:
-            self.ready.append((item[HANDLE], item[ENCODED]))
+            self.ready.append(item[HANDLE], encoded)
         else:
-            self._defer(item[ENCODED], item[HANDLE], now + delay_ns)
+            self._defer(encoded, item[HANDLE], now + delay_ns)
 
     def touch(self, client: str, msg_id: bytes, now: int) -> None:
         """TOUCH: the message's timeout starts again."""
@@ -251,11 +336,11 @@ class ChannelState:
             if state is not None:
                 state.in_flight -= 1
                 state.timed_out += 1
-            self.ready.append((item[HANDLE], item[ENCODED]))
+            self.ready.append(item[HANDLE], next_attempt(item[ENCODED]))
             del msg_id
         for _msg_id, (encoded, handle) in self.deferred.pop_due(now):
             dirty = True
-            self.ready.append((handle, encoded))
+            self.ready.append(handle, encoded)
         return dirty
 
     # --------------------------------------------------------------- delivery
@@ -263,48 +348,69 @@ class ChannelState:
     def pump(self, now: int) -> None:
         """Deliver ready messages to random ready clients; ask for disk reads.
 
-        The hottest loop of the broker: everything it calls per message is
-        bound to a local first.
+        The hottest code of the broker: one ready client (the common case)
+        takes a whole run at once; several get one random pick per message.
         """
         if self.paused:
             return
-        ready = self.ready
-        if ready:
+        if self.ready:
             ready_clients = [c for c in self.clients.values() if c.in_flight < c.rdy]
-            deliveries = self.effects.deliveries
-            popleft = ready.popleft
-            flights: list[tuple[bytes, int, InFlight]] = []
-            push = flights.append
-            rand, pack_attempts = self.rng.random, _ATTEMPTS.pack
-            max_attempts = self.max_attempts
-            while ready_clients and ready:
-                handle, encoded = popleft()
-                attempts = (encoded[8] << 8) | encoded[9]
-                if max_attempts and attempts >= max_attempts:
-                    # Same id, timestamp and body; attempts start again on the dead-letter topic.
-                    self.effects.dead_letters.append(encoded[:8] + b"\x00\x00" + encoded[10:])
-                    self.stats.dead_letter_count += 1
-                    self._release(handle, encoded[10:26])
-                    continue
-                n = len(ready_clients)
-                i = 0 if n == 1 else int(rand() * n)
-                client = ready_clients[i]
-                encoded = encoded[:8] + pack_attempts(attempts + 1) + encoded[10:]
-                push((encoded[10:26], now + client.msg_timeout_ns, (encoded, handle, client.name)))
-                client.in_flight += 1
-                client.delivered += 1
-                out = deliveries.get(client.name)
-                if out is None:
-                    deliveries[client.name] = [encoded]
-                else:
-                    out.append(encoded)
-                if client.in_flight >= client.rdy:
-                    ready_clients[i] = ready_clients[-1]
-                    ready_clients.pop()
-            self.in_flight.push_many(flights)
-        if not ready and self.disk_depth and not self.reading and self.durable:
+            if len(ready_clients) == 1 and not self.max_attempts:
+                self._deliver_run(ready_clients[0], now)
+            elif ready_clients:
+                self._deliver_each(ready_clients, now)
+        if not self.ready and self.disk_depth and not self.reading and self.durable:
             self.reading = True
             self.effects.disk_read = self.read_batch
+
+    def _deliver_run(self, client: ClientState, now: int) -> None:
+        """As many messages as `client` has room for, as one run."""
+        handles, msgs = self.ready.take(client.rdy - client.in_flight)
+        name = client.name
+        deadline = now + client.msg_timeout_ns
+        self.in_flight.push_many([(m[10:26], deadline, (m, h, name))
+                                  for m, h in zip(msgs, handles, strict=True)])
+        client.in_flight += len(msgs)
+        client.delivered += len(msgs)
+        out = self.effects.deliveries.get(name)
+        if out is None:
+            self.effects.deliveries[name] = msgs
+        else:
+            out += msgs
+
+    def _deliver_each(self, ready_clients: list[ClientState], now: int) -> None:
+        """A random ready client for every message; dead letters past ``max_attempts``."""
+        ready = self.ready
+        deliveries = self.effects.deliveries
+        popleft = ready.popleft
+        flights: list[tuple[bytes, int, InFlight]] = []
+        push = flights.append
+        rand = self.rng.random
+        max_attempts = self.max_attempts
+        while ready_clients and ready:
+            handle, encoded = popleft()
+            if max_attempts and (encoded[8] << 8) | encoded[9] > max_attempts:
+                # Same id, timestamp and body; attempts start again on the dead-letter topic.
+                self.effects.dead_letters.append(
+                    encoded[:8] + _DEAD_LETTER_ATTEMPTS + encoded[10:])
+                self.stats.dead_letter_count += 1
+                self._release(handle, encoded[10:26])
+                continue
+            n = len(ready_clients)
+            i = 0 if n == 1 else int(rand() * n)
+            client = ready_clients[i]
+            push((encoded[10:26], now + client.msg_timeout_ns, (encoded, handle, client.name)))
+            client.in_flight += 1
+            client.delivered += 1
+            out = deliveries.get(client.name)
+            if out is None:
+                deliveries[client.name] = [encoded]
+            else:
+                out.append(encoded)
+            if client.in_flight >= client.rdy:
+                ready_clients[i] = ready_clients[-1]
+                ready_clients.pop()
+        self.in_flight.push_many(flights)
 
     # ---------------------------------------------------------------- helpers
 
@@ -341,7 +447,7 @@ class ChannelState:
     def memory_only(self) -> list[bytes]:
         """Messages that exist only in memory (what a clean shutdown writes to disk)."""
         out = [m for h, m in self.ready if h is None]
-        out.extend(self.in_flight.get(i)[ENCODED] for i in self.in_flight
+        out.extend(next_attempt(self.in_flight.get(i)[ENCODED]) for i in self.in_flight
                    if self.in_flight.get(i)[HANDLE] is None)
         return out
 

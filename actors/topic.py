@@ -1,7 +1,8 @@
 """The topic actor: `topic:<name>` -- ids, fan-out, buffering, metadata.
 
 A publish gets NSQ message ids (one GUID factory per topic, as nsqd has),
-a nanosecond timestamp and 0 attempts, and is encoded once.  Then:
+a nanosecond timestamp and attempts 1 (what its first delivery shows), and is
+encoded once.  Then:
 
 * with channels and not paused, the batch is copied to every channel as
   one ``ChannelPut`` mailbox message each (fan-out in batches);
@@ -72,7 +73,6 @@ from actors.nsq_errors import (
 )
 from actors.nsq_message import (
     GuidFactory,
-    encode_batch,
     is_ephemeral,
     is_valid_channel_name,
     is_valid_topic_name,
@@ -282,8 +282,7 @@ class TopicActor(Actor):
             raise invalid(f"DPUB timeout {defer_ms} out of range 0-{max_defer_ms}")
         self._ensure_exists()
         now = self.clock()
-        ids = self.guids.new_guids(now // 1_000_000, len(bodies))
-        encoded = encode_batch(ids, now, bodies)
+        encoded = self.guids.encode_batch(now, bodies)
         self.message_count += len(encoded)
         self.message_bytes += sum(map(len, bodies))
         confirm = (self.name, token) if token else None

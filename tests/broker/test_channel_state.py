@@ -9,7 +9,14 @@ import pytest
 
 from actors.channel_state import DELAYED, ChannelState
 from actors.nsq_errors import BrokerError
-from actors.nsq_message import GuidFactory, attempts_of, encode_message, message_id
+from actors.nsq_message import (
+    FIRST_ATTEMPT,
+    GuidFactory,
+    attempts_of,
+    encode_message,
+    message_id,
+    next_attempt,
+)
 
 SECOND = 1_000_000_000
 _guids = GuidFactory(7)
@@ -17,7 +24,8 @@ _guids = GuidFactory(7)
 
 def msgs(n: int, start: int = 0) -> list[bytes]:
     ids = _guids.new_guids(1_000 + start, n)
-    return [encode_message(i, 0, 0, b"body-%d" % (start + k)) for k, i in enumerate(ids)]
+    return [encode_message(i, 0, FIRST_ATTEMPT, b"body-%d" % (start + k))
+            for k, i in enumerate(ids)]
 
 
 def channel(**kw) -> ChannelState:
@@ -44,7 +52,7 @@ def test_messages_go_only_to_clients_that_are_ready():
     assert len(ch.in_flight) == 2
 
 
-def test_delivery_increments_attempts():
+def test_a_first_delivery_shows_attempts_1():
     ch = channel()
     ch.subscribe("a", SECOND)
     ch.set_rdy("a", 1)
@@ -147,7 +155,7 @@ def test_req_without_delay_puts_the_message_at_the_back_of_the_queue():
     ch.requeue("a", message_id(m), 0, now=0)
     (nxt,) = deliver(ch)["a"]
     assert message_id(nxt) == message_id(second)
-    assert ch.ready[0][1][10:26] == message_id(first)
+    assert next(iter(ch.ready))[1][10:26] == message_id(first)
     assert ch.stats.requeue_count == 1
 
 
@@ -159,7 +167,8 @@ def test_req_with_a_delay_defers_the_message_until_it_is_due():
     (m,) = deliver(ch, now=0)["a"]
     ch.requeue("a", message_id(m), 5 * SECOND, now=1 * SECOND)
     fx = ch.take_effects()
-    assert fx.delayed_add == [(6 * SECOND, message_id(m), m)]  # kept durably with its due time
+    # kept durably with its due time, and the attempts its next delivery shows
+    assert fx.delayed_add == [(6 * SECOND, message_id(m), next_attempt(m))]
     assert len(ch.deferred) == 1
     assert deliver(ch, now=2 * SECOND) == {}
     assert ch.process(5 * SECOND) is False
@@ -306,7 +315,7 @@ def test_restored_deferred_messages_keep_their_due_time():
     assert ch.depth() == 3
     assert ch.process(41 * SECOND) is False
     assert ch.process(42 * SECOND) is True
-    assert ch.ready[-1] == (DELAYED, m)
+    assert list(ch.ready)[-1] == (DELAYED, m)
 
 
 def test_memory_only_lists_what_a_clean_shutdown_must_write():

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.nsq_message import (
+    FIRST_ATTEMPT,
     HEADER_SIZE,
     MAX_NODE_ID,
     GuidFactory,
@@ -22,6 +23,7 @@ from actors.nsq_message import (
     is_valid_channel_name,
     is_valid_topic_name,
     message_id,
+    next_attempt,
     timestamp_of,
     with_attempts,
 )
@@ -243,10 +245,24 @@ def test_ephemeral_names_are_recognised_by_their_suffix() -> None:
     assert not is_ephemeral("foo#ephemeral.dead")
 
 
-def test_encode_batch_matches_encoding_each_message():
-    from actors.nsq_message import encode_batch, encode_message
+@pytest.mark.parametrize(("start_ms", "n"), [(5, 3), (5, 4096), (5, 9000)])
+def test_encode_batch_matches_new_guids_and_encoding_each_message(start_ms: int, n: int):
+    # Given two factories in the same state, one half-way through a millisecond
+    a, b = GuidFactory(9), GuidFactory(9)
+    a.new_guids(start_ms, 1000)
+    b.new_guids(start_ms, 1000)
+    bodies = [b"body-%d" % i for i in range(n)]
+    ts = start_ms * 1_000_000 + 17
+    # When one encodes a batch and the other makes the ids one by one
+    batch = a.encode_batch(ts, bodies)
+    ids = b.new_guids(start_ms, n)
+    # Then the messages are the same: the same ids, one timestamp, FIRST_ATTEMPT attempts
+    assert batch == [encode_message(i, ts, FIRST_ATTEMPT, body)
+                     for i, body in zip(ids, bodies, strict=True)]
 
-    ids = [b"%016x" % i for i in range(3)]
-    bodies = [b"a", b"bb", b"ccc"]
-    assert encode_batch(ids, 123, bodies) == [encode_message(i, 123, 0, b)
-                                              for i, b in zip(ids, bodies, strict=True)]
+
+def test_next_attempt_adds_one_and_stops_at_the_field_limit():
+    data = encode_message(ID, TS, 1, b"x")
+    assert attempts_of(next_attempt(data)) == 2
+    assert next_attempt(data)[10:] == data[10:]
+    assert attempts_of(next_attempt(encode_message(ID, TS, 0xFFFF, b"x"))) == 0xFFFF

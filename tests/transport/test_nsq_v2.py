@@ -41,7 +41,7 @@ from transport.protocol_commands import (
     Sub,
     Touch,
 )
-from transport.protocol_common import Limits, ProtocolError
+from transport.protocol_common import Limits, ProtocolError, _split_mpub_checked, split_mpub_body
 
 MSG_ID = b"0a1b2c3d4e5f6789"
 SMALL = Limits(max_msg_size=100, max_body_size=1000, max_rdy_count=50, max_req_timeout=10_000)
@@ -586,3 +586,44 @@ def test_fin_before_sub_is_not_taken_by_the_fast_path():
     (event,) = conn.next_events()
     assert isinstance(event, ProtocolError)
     assert "cannot FIN in current state" in event.text
+
+
+# -- the MPUB split's fast path against its checked twin -------------------------
+
+def _mpub_outcome(split, body: bytes, limits: Limits) -> object:
+    try:
+        return split(body, limits)
+    except ProtocolError as e:
+        return (e.code, e.text)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    sizes=st.lists(st.integers(min_value=-3, max_value=12), min_size=0, max_size=6),
+    count_delta=st.integers(min_value=-2, max_value=2),
+    tail=st.binary(max_size=6),
+    cut=st.integers(min_value=0, max_value=8),
+)
+def test_mpub_split_fast_path_agrees_with_the_checked_split(
+        sizes: list[int], count_delta: int, tail: bytes, cut: int) -> None:
+    # Given an MPUB body whose count, sizes, bodies and length may all disagree
+    parts = [struct.pack(">i", len(sizes) + count_delta)]
+    for size in sizes:
+        parts.append(struct.pack(">i", size) + b"m" * max(0, size))
+    body = b"".join(parts) + tail
+    body = body[: max(0, len(body) - cut)] if cut < 4 else body
+    limits = Limits(max_msg_size=10, max_body_size=200)
+    # Then the fast split returns the same bodies, or the same error, as the checked one
+    assert _mpub_outcome(split_mpub_body, body, limits) == \
+        _mpub_outcome(_split_mpub_checked, body, limits)
+
+
+def test_a_run_of_fin_lines_with_odd_bytes_in_the_ids_is_read_whole() -> None:
+    # Given FIN lines whose 16-byte ids hold spaces, newlines and high bytes
+    ids = [b"0123456789abcdef", b"ab\ncd\nef 0123456", bytes(range(240, 256))]
+    conn = ServerConnection()
+    conn.receive_data(MAGIC + b"SUB t c\n")
+    conn.next_events()
+    conn.receive_data(b"".join(b"FIN " + i + b"\n" for i in ids) + b"NOP\n")
+    # Then they come out as one FIN with every id, then the NOP
+    assert conn.next_events() == [Fin(tuple(ids)), Nop()]
