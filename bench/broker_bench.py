@@ -16,7 +16,10 @@ each protocol runs, in this order and each on a fresh topic:
 
 It prints msgs/s and MB/s for each, and for the consumers the p50/p99 of
 publish-to-delivery latency (the message's NSQ timestamp, set when the
-topic accepted it, to its arrival at the consumer).  NSQ TCP uses our
+topic accepted it, to its arrival at the consumer).  NSQ TCP figures are
+also given as a ratio to nsqd's (ANCHORS.md), raw and normalised by the
+machine's speed factor (``bench.calibrate``, measured before and after the
+run), since nsqd's figures come from another machine.  NSQ TCP uses our
 sans-IO codec to publish and a lean frame parser to consume (the broker is
 what is measured; nsqd's figures come from Go clients); ZeroMQ uses
 ``transport.client``.  Compare with nsqd's figures in
@@ -42,6 +45,7 @@ from typing import Any
 
 from actors.broker import Broker
 from actors.broker_options import BrokerOptions
+from bench import calibrate
 from transport import protocol_commands as pc
 from transport.client import Consumer, Producer
 from transport.nsq_v2 import CLOSED, NEED_DATA
@@ -177,9 +181,21 @@ def run_threads(n: int, target: Callable[[int], None]) -> float:
     return time.perf_counter() - t
 
 
-def report(name: str, count: int, size: int, seconds: float, lat: list[float] | None = None
-           ) -> None:
-    line = f"{name:28s} {count / seconds:>12,.0f} msgs/s {count * size / seconds / 1e6:>8.1f} MB/s"
+# nsqd 1.3 on the anchor machine, NSQ's Go bench clients, 100-byte messages (ANCHORS.md)
+NSQD = {"publish": 177_000, "consume (after)": 167_000,
+        "pub+sub, publish": 228_000, "pub+sub, consume": 227_000}
+
+
+def report(name: str, count: int, size: int, seconds: float, lat: list[float] | None = None, *,
+           speed: float | None = None) -> None:
+    rate = count / seconds
+    line = f"{name:28s} {rate:>12,.0f} msgs/s {count * size / seconds / 1e6:>8.1f} MB/s"
+    proto, _, case = name.partition(": ")
+    nsqd = NSQD.get(case) if proto == "tcp" and size == 100 else None
+    if nsqd:
+        line += f"   {rate / nsqd:5.2f}x nsqd"
+        if speed:
+            line += f" ({rate / speed / nsqd:4.2f}x normalised)"
     if lat:
         q = statistics.quantiles(lat, n=100)
         line += f"   latency p50 {q[49] * 1000:8.1f} ms  p99 {q[98] * 1000:8.1f} ms"
@@ -200,8 +216,12 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     a = ap.parse_args()
     data = tempfile.mkdtemp(prefix="bb", dir="/tmp")
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"Python {platform.python_version()}; load {os.getloadavg()}")
+    print(f"machine: {platform.processor() or platform.machine()} {_cpu_model()}, "
+          f"{os.cpu_count()} cores, Python {platform.python_version()}; "
+          f"load {os.getloadavg()}")
+    before = calibrate.measure()
+    print(before.describe() if before else "calibration skipped: pip install -e '.[bench]'")
+    speed = before.factor if before else None
     print(f"{a.messages} messages of {a.size} B, MPUB batch {a.batch}, {a.producers} producer(s),"
           f" {a.consumers} consumer(s), mem-queue-size {a.mem_queue_size}, sync-every"
           f" {a.sync_every}, {a.workers} workers")
@@ -233,10 +253,10 @@ def main() -> None:
             topic = f"bench_{proto}"
             b.topic_command(topic, "create_channel", "bench")
             t = run_threads(a.producers, lambda i, topic=topic: pub(i, topic))
-            report(f"{proto}: publish", total, a.size, t)
+            report(f"{proto}: publish", total, a.size, t, speed=speed)
             lat: list[float] = []
             t = run_threads(a.consumers, lambda i, topic=topic, lat=lat: sub(i, topic, lat))
-            report(f"{proto}: consume (after)", total, a.size, t)
+            report(f"{proto}: consume (after)", total, a.size, t, speed=speed)
             topic2 = f"bench2_{proto}"
             b.topic_command(topic2, "create_channel", "bench")
             # Consumers in processes of their own (as nsq's bench_reader is a separate
@@ -259,9 +279,21 @@ def main() -> None:
             t = time.perf_counter() - start
             for proc in procs:
                 proc.join()
-            report(f"{proto}: pub+sub, publish", total, a.size, tp)
-            report(f"{proto}: pub+sub, consume", total, a.size, t, lat2)
+            report(f"{proto}: pub+sub, publish", total, a.size, tp, speed=speed)
+            report(f"{proto}: pub+sub, consume", total, a.size, t, lat2, speed=speed)
     shutil.rmtree(data, ignore_errors=True)
+    after = calibrate.measure()
+    if before and after:
+        print(after.describe().replace("calibration:", "calibration after:"))
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f
+                         if line.startswith("model name")), "")
+    except OSError:
+        return ""
 
 
 if __name__ == "__main__":
