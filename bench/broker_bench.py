@@ -43,6 +43,8 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+import psutil
+
 from actors.broker import Broker
 from actors.broker_options import BrokerOptions
 from bench import calibrate
@@ -159,16 +161,34 @@ def publish_http(port: int, topic: str, bodies: list[bytes], batch: int) -> None
 
 
 def _consumer_process(proto: str, address: str, topic: str, count: int, conn: Any) -> None:
-    """A consumer in its own process: says when it is subscribed, returns latencies."""
+    """A consumer in its own process: says when it is subscribed, returns latencies and
+    the CPU seconds it used from then on."""
     lat: list[float] = []
+    conn.send("ready")
+    started = sum(os.times()[:2])
     if proto == "zmq":
-        conn.send("ready")
         consume_zmq(address, topic, "bench", count, lat)
     else:
-        conn.send("ready")
         consume_tcp(address, topic, "bench", count, lat)
     step = max(1, len(lat) // 20_000)  # a sample is enough for the quantiles
-    conn.send(lat[::step])
+    conn.send((lat[::step], sum(os.times()[:2]) - started))
+
+
+class CpuMeter:
+    """CPU seconds (user + system) that each named process, and this one, used since creation."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.procs = {name: psutil.Process(pid) for name, pid in pids.items()}
+        self.procs["bench process (publisher, supervisor)"] = psutil.Process()
+        self.start = {name: self._cpu(p) for name, p in self.procs.items()}
+
+    @staticmethod
+    def _cpu(p: psutil.Process) -> float:
+        t = p.cpu_times()
+        return t.user + t.system
+
+    def used(self) -> dict[str, float]:
+        return {name: self._cpu(p) - self.start[name] for name, p in self.procs.items()}
 
 
 def run_threads(n: int, target: Callable[[int], None]) -> float:
@@ -273,14 +293,22 @@ def main() -> None:
                 procs.append(proc)
             for parent in pipes:
                 parent.recv()  # subscribed
+            cpu = CpuMeter({r.name: r.pid for r in b.supervisor.ps()
+                            if r.pid and r.role != "supervisor"})
             start = time.perf_counter()
             tp = run_threads(a.producers, lambda i, topic2=topic2: pub(i, topic2))
-            lat2 = [x for parent in pipes for x in parent.recv()]
+            results = [parent.recv() for parent in pipes]
             t = time.perf_counter() - start
+            used = cpu.used()
+            lat2 = [x for sample, _ in results for x in sample]
+            used.update({f"consumer-{i}": sec for i, (_, sec) in enumerate(results)})
             for proc in procs:
                 proc.join()
             report(f"{proto}: pub+sub, publish", total, a.size, tp, speed=speed)
             report(f"{proto}: pub+sub, consume", total, a.size, t, lat2, speed=speed)
+            print(f"{proto}: pub+sub CPU per message: " + ", ".join(
+                f"{name} {sec / total * 1e6:.2f} us" for name, sec in used.items())
+                + f"; total {sum(used.values()) / total * 1e6:.2f} us", flush=True)
     shutil.rmtree(data, ignore_errors=True)
     after = calibrate.measure()
     if before and after:
