@@ -272,11 +272,12 @@ class TopicActor(Actor):
             raise bad_topic(self.topic, verb)
         if not bodies:
             raise bad_body(f"{verb} invalid message count 0")
-        for body in bodies:
-            if not body:
-                raise bad_message(f"{verb} invalid message body size 0")
-            if len(body) > o.max_msg_size:
-                raise message_too_big(len(body), o.max_msg_size, verb)
+        sizes = list(map(len, bodies))
+        if min(sizes) == 0:
+            raise bad_message(f"{verb} invalid message body size 0")
+        if max(sizes) > o.max_msg_size:
+            first = next(n for n in sizes if n > o.max_msg_size)
+            raise message_too_big(first, o.max_msg_size, verb)
         max_defer_ms = int(o.max_req_timeout * 1000)
         if not 0 <= defer_ms <= max_defer_ms:
             raise invalid(f"DPUB timeout {defer_ms} out of range 0-{max_defer_ms}")
@@ -284,7 +285,7 @@ class TopicActor(Actor):
         now = self.clock()
         encoded = self.guids.encode_batch(now, bodies)
         self.message_count += len(encoded)
-        self.message_bytes += sum(map(len, bodies))
+        self.message_bytes += sum(sizes)
         confirm = (self.name, token) if token else None
         if defer_ms:
             due = now + defer_ms * 1_000_000

@@ -39,6 +39,7 @@ the ack journal; damaged data is kept beside them with a ``.bad`` suffix.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import re
@@ -534,6 +535,10 @@ class DiskQueue:
                 if self._decoded >= self._written or not self._decode():
                     break
                 continue
+            if not skip and len(ahead) > 1 and limit - len(out) > 1:
+                pos = self._take_run(out, limit - len(out))
+                if pos >= 0:
+                    continue
             pos, data = ahead.popleft()
             self._read += 1
             if pos >> 48 == self._cchunk:
@@ -553,6 +558,27 @@ class DiskQueue:
                 self._sync_scheduled = True
                 self._syncer.schedule(self, self._sync_timeout)
         return out
+
+    def _take_run(self, out: list[tuple[int, bytes]], n: int) -> int:
+        """`_take` for a run of read-ahead records in one chunk, with no skips to check:
+        the bookkeeping of the run in a few C-level calls.  Returns the run's last
+        position, or -1 (nothing taken) when the run would cross into another chunk."""
+        ahead = self._ahead
+        n = min(n, len(ahead))
+        first, last = ahead[0][0], ahead[n - 1][0]
+        chunk = first >> 48
+        if last >> 48 != chunk:
+            return -1
+        run = [ahead.popleft() for _ in range(n)]
+        base = self._cidx if chunk == self._cchunk else 0
+        self._cchunk, self._cidx = chunk, base + n
+        self._read += n
+        if self.ack_mode:
+            positions = [p for p, _ in run]
+            self._order.extend(zip(positions, range(base, base + n), strict=True))
+            self._pending.update(positions)
+        out += run
+        return last
 
     def _decode(self) -> bool:
         """Decode the next frames into the read-ahead buffer; False if nothing came."""
@@ -711,19 +737,34 @@ class DiskQueue:
         with self._rlock:
             if self._closed:
                 raise QueueClosedError(f"queue {self.name} is closed")
-            done = []
             pending, order, early = self._pending, self._order, self._acked_early
-            for pos in positions:
-                if pos not in pending:
-                    continue
-                pending.remove(pos)
-                done.append(pos)
-                if order[0][0] == pos:
-                    order.popleft()
-                    while order and order[0][0] in early:
-                        early.remove(order.popleft()[0])
-                else:
-                    early.add(pos)
+            positions = list(positions)
+            n = len(positions)
+            if 1 < n <= len(order) and [p for p, _ in itertools.islice(order, n)] == positions \
+                    and pending.issuperset(positions):
+                # The oldest pending records, in read order (a consumer FINing a batch):
+                # no acked-early bookkeeping, the floor moves past all of them.  (A record
+                # acked early is in `order` but no longer pending: the slow path's case.)
+                done = positions
+                pending.difference_update(done)
+                popleft = order.popleft
+                for _ in range(n):
+                    popleft()
+                while order and order[0][0] in early:
+                    early.remove(popleft()[0])
+            else:
+                done = []
+                for pos in positions:
+                    if pos not in pending:
+                        continue
+                    pending.remove(pos)
+                    done.append(pos)
+                    if order[0][0] == pos:
+                        order.popleft()
+                        while order and order[0][0] in early:
+                            early.remove(order.popleft()[0])
+                    else:
+                        early.add(pos)
             if not done:
                 return 0
             os.write(self._journal_fd, _ack_record(done))

@@ -83,7 +83,8 @@ class AckQueueModel(RuleBasedStateMachine):
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="dqack")
         self.unread: list[tuple[int, bytes]] = []  # (seq, payload) not handed out
-        self.pending: dict[int, tuple[int, bytes]] = {}  # position -> (seq, payload)
+        self.pending: dict[int, tuple[int, bytes]] = {}  # position -> (seq, payload), read order
+        self.acked: set[int] = set()
         self.seq = 0
         self.q = self._open()
 
@@ -122,6 +123,18 @@ class AckQueueModel(RuleBasedStateMachine):
         assert self.q.ack_many(chosen) == len(chosen)
         for p in chosen:
             del self.pending[p]
+        self.acked.update(chosen)
+
+    @rule(n=st.integers(1, 20), again=st.booleans())
+    def ack_oldest(self, n: int, again: bool) -> None:
+        """The n oldest pending in read order (a consumer FINing a batch), perhaps with
+        an already-acked position at the end, which counts nothing."""
+        chosen = list(self.pending)[:n]
+        extra = [min(self.acked)] if again and self.acked else []
+        assert self.q.ack_many(chosen + extra) == len(chosen)
+        for p in chosen:
+            del self.pending[p]
+        self.acked.update(chosen)
 
     @rule()
     def reopen(self) -> None:
