@@ -270,13 +270,21 @@ class DiskQueue:
                         r_chunk, count)
             cursor, index = make_position(r_chunk, HEADER_SIZE), 0
         _, r_off, r_skip = split_position(cursor)
+        remaining = sum(c for n, c in self._counts.items() if n >= r_chunk) - index
+        if self._wchunk >= r_chunk:
+            remaining += writer.count
+        if remaining <= 0 and r_chunk == self._wchunk:
+            # Everything in the write chunk was read: decoding resumes at its end.  The
+            # cursor may point inside the last frame read (skip its first r_skip
+            # messages), but only a decode from the file applies r_skip; a ring hit
+            # (the reader keeping up with new puts) would move past that frame and
+            # leave the skip behind, to be applied to whatever frame is decoded
+            # from the file next.
+            r_off, r_skip = writer.end, 0
         self._rchunk, self._roff, self._rskip, self._rdecoded = r_chunk, r_off, r_skip, index
         self._cchunk, self._cidx, self._cursor = r_chunk, index, cursor
         self._rstate = self._meta_state = (cursor, index)
         self._oldest = r_chunk
-        remaining = sum(c for n, c in self._counts.items() if n >= r_chunk) - index
-        if self._wchunk >= r_chunk:
-            remaining += writer.count
         self._read = self._decoded = 0
         self._written = max(remaining, 0)
         if self.ack_mode:

@@ -166,6 +166,30 @@ def test_reopen_in_the_middle_of_a_batch_resumes_after_the_last_message_read(ope
     assert drain(q) == [b"c", b"d"]
 
 
+@pytest.mark.parametrize("first", [b"", b"x"])
+def test_a_queue_reopened_after_everything_was_read_serves_later_appends_intact(
+        open_queue, first):
+    # Given a queue whose reader caught up with the writer before it was closed (the saved
+    # read position is "just after the last message of the chunk still being written")
+    q = open_queue(max_bytes_per_file=512, ring_size=8)
+    q.put(first)
+    assert q.get() == first
+    q.close()
+    q = open_queue(max_bytes_per_file=512, ring_size=8)
+    # When new messages are put, the first is read straight from the ring, and later
+    # puts overwrite the ring slots of the rest before they are read
+    batch = [b"b%d" % i for i in range(8)]
+    q.put(b"a")
+    q.put_many(batch)
+    assert q.get() == b"a"
+    q.put(b"c")
+    # Then the rest come back from the chunk file whole and in order, none is taken
+    # for corrupt, and the queue ends empty
+    assert drain(q) == [*batch, b"c"]
+    assert q.depth() == 0
+    assert q.stats()["corruptions"] == 0
+
+
 def test_a_message_larger_than_a_chunk_gets_a_chunk_of_its_own(open_queue):
     q = open_queue(max_bytes_per_file=256, max_msg_size=10_000)
     q.put(b"small")
