@@ -43,6 +43,7 @@ from __future__ import annotations
 import random
 import struct
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 from actors.nsq_errors import BrokerError, fin_failed, invalid, req_failed, touch_failed
@@ -367,9 +368,9 @@ class ChannelState:
         """As many messages as `client` has room for, as one run."""
         handles, msgs = self.ready.take(client.rdy - client.in_flight)
         name = client.name
-        deadline = now + client.msg_timeout_ns
-        self.in_flight.push_many([(m[10:26], deadline, (m, h, name))
-                                  for m, h in zip(msgs, handles, strict=True)])
+        # in-flight items (encoded, handle, client) are made by zip, in C
+        self.in_flight.push_run([m[10:26] for m in msgs], now + client.msg_timeout_ns,
+                                zip(msgs, handles, repeat(name), strict=False))
         client.in_flight += len(msgs)
         client.delivered += len(msgs)
         out = self.effects.deliveries.get(name)
@@ -379,12 +380,12 @@ class ChannelState:
             out += msgs
 
     def _deliver_each(self, ready_clients: list[ClientState], now: int) -> None:
-        """A random ready client for every message; dead letters past ``max_attempts``."""
+        """A random ready client for every message; dead letters past ``max_attempts``.
+
+        What each client got in this pass becomes one in-flight run (one deadline)."""
         ready = self.ready
-        deliveries = self.effects.deliveries
         popleft = ready.popleft
-        flights: list[tuple[bytes, int, InFlight]] = []
-        push = flights.append
+        got: dict[str, tuple[ClientState, list[bytes], list[Handle]]] = {}
         rand = self.rng.random
         max_attempts = self.max_attempts
         while ready_clients and ready:
@@ -399,18 +400,25 @@ class ChannelState:
             n = len(ready_clients)
             i = 0 if n == 1 else int(rand() * n)
             client = ready_clients[i]
-            push((encoded[10:26], now + client.msg_timeout_ns, (encoded, handle, client.name)))
+            mine = got.get(client.name)
+            if mine is None:
+                mine = got[client.name] = (client, [], [])
+            mine[1].append(encoded)
+            mine[2].append(handle)
             client.in_flight += 1
-            client.delivered += 1
-            out = deliveries.get(client.name)
-            if out is None:
-                deliveries[client.name] = [encoded]
-            else:
-                out.append(encoded)
             if client.in_flight >= client.rdy:
                 ready_clients[i] = ready_clients[-1]
                 ready_clients.pop()
-        self.in_flight.push_many(flights)
+        deliveries = self.effects.deliveries
+        for name, (client, msgs, handles) in got.items():
+            client.delivered += len(msgs)
+            self.in_flight.push_run([m[10:26] for m in msgs], now + client.msg_timeout_ns,
+                                    zip(msgs, handles, repeat(name), strict=False))
+            out = deliveries.get(name)
+            if out is None:
+                deliveries[name] = msgs
+            else:
+                out += msgs
 
     # ---------------------------------------------------------------- helpers
 

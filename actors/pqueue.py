@@ -35,6 +35,18 @@ The alternative, nsq's heap with an index stored in every entry, makes
 ``remove`` O(log n) *in Python* (sift loops are interpreted); lazy deletion
 keeps every sift inside ``heapq``'s C code.
 
+*Runs.*  A channel delivers a run of messages to one client with one
+deadline; :meth:`InFlightQueue.push_run` gives such a run a single heap
+entry ``[priority, sequence, RUN, members, live]`` whose *members* are the
+per-key entries (``[priority, sequence, key, item, run]``, all in the
+index).  Pushing a run is then one ``heappush`` and one ``dict.update``, not
+one of each per message.  Removing a member counts the run's ``live`` down;
+a run whose members are all gone becomes a tombstone itself, and a run
+mostly gone is shrunk to its live members (amortised O(1), as above), so a
+run never holds on to much more than its live members.  A popped run yields
+its live members in order; ties between runs and single entries of equal
+priority still go by sequence, i.e. insertion order.
+
 Pops return the earliest entries first: ``pop_expired(now)`` returns every
 entry whose priority is ``<= now`` (nsq's ``PeekAndShift`` loop), optionally
 at most ``limit`` of them.  Not thread-safe: a queue has one owner (an actor).
@@ -44,7 +56,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
 __all__ = ["DeferredQueue", "DuplicateIdError", "InFlightQueue", "KeyedHeap"]
@@ -52,7 +64,9 @@ __all__ = ["DeferredQueue", "DuplicateIdError", "InFlightQueue", "KeyedHeap"]
 T = TypeVar("T")
 
 _DEAD: Any = object()  # key of a tombstoned heap entry
+_RUN: Any = object()  # key of a run's heap entry (see "Runs")
 _PRIORITY, _SEQ, _KEY, _ITEM = 0, 1, 2, 3
+_LIVE = 4  # a run's count of live members (in a member: its run)
 _COMPACT_MIN = 64  # heaps smaller than this are never rebuilt
 _MISSING: Any = object()
 
@@ -88,6 +102,8 @@ class KeyedHeap(Generic[T]):
         item = entry[_ITEM]
         entry[_KEY] = _DEAD
         entry[_ITEM] = None
+        if len(entry) > _LIVE:
+            _member_gone(entry[_LIVE])
         heap = self._heap
         if len(heap) > _COMPACT_MIN and len(heap) > 2 * len(self._index):
             self._compact()
@@ -103,6 +119,8 @@ class KeyedHeap(Generic[T]):
             item = old[_ITEM]
         old[_KEY] = _DEAD
         old[_ITEM] = None
+        if len(old) > _LIVE:
+            _member_gone(old[_LIVE])
         entry = [priority, next(self._seq), msg_id, item]
         self._index[msg_id] = entry
         heapq.heappush(self._heap, entry)
@@ -118,8 +136,12 @@ class KeyedHeap(Generic[T]):
             limit = len(index)
         heappop = heapq.heappop
         while heap and len(out) < limit and heap[0][_PRIORITY] <= now:
-            entry = heappop(heap)
+            entry = heap[0]
             key = entry[_KEY]
+            if key is _RUN:
+                self._pop_run(entry, limit - len(out), out)
+                continue
+            heappop(heap)
             if key is _DEAD:
                 continue
             del index[key]
@@ -128,9 +150,27 @@ class KeyedHeap(Generic[T]):
             self._compact()
         return out
 
+    def _pop_run(self, run: list[Any], room: int, out: list[tuple[Any, T]]) -> None:
+        """Take up to `room` live members of `run` (the heap's top) into `out`; the run
+        leaves the heap once it has none left."""
+        index = self._index
+        live = [m for m in run[_ITEM] if m[_KEY] is not _DEAD and index.get(m[_KEY]) is m]
+        take = live[:room]
+        if len(take) < len(live):
+            run[_ITEM], run[_LIVE] = live[room:], len(live) - room
+        else:
+            heapq.heappop(self._heap)
+            run[_KEY], run[_ITEM], run[_LIVE] = _DEAD, None, 0
+        for m in take:
+            key = m[_KEY]
+            del index[key]
+            out.append((key, m[_ITEM]))
+            m[_KEY] = _DEAD
+            m[_ITEM] = None
+
     def drain(self) -> list[tuple[Any, T]]:
         """Remove and return every ``(key, item)``, earliest first."""
-        live = sorted(e for e in self._heap if e[_KEY] is not _DEAD)
+        live = sorted(self._index.values(), key=lambda e: (e[_PRIORITY], e[_SEQ]))
         self.clear()
         return [(e[_KEY], e[_ITEM]) for e in live]
 
@@ -179,23 +219,34 @@ class KeyedHeap(Generic[T]):
         return f"<{type(self).__name__} len={len(self)} next={self.peek()!r}>"
 
 
+def _member_gone(run: list[Any], count: int = 1) -> None:
+    """`count` more members of `run` were removed: let go of what is no longer live."""
+    run[_LIVE] -= count
+    if not run[_LIVE]:
+        run[_KEY], run[_ITEM] = _DEAD, None
+    elif run[_LIVE] * 4 < len(run[_ITEM]) and len(run[_ITEM]) > _COMPACT_MIN:
+        run[_ITEM] = [m for m in run[_ITEM] if m[_KEY] is not _DEAD]
+
+
 class InFlightQueue(KeyedHeap[T]):
     """Delivered messages by message id, ordered by their timeout deadline (int ns).
 
     Items are tuples whose element ``owner_at`` names the client holding the
-    message; the two batch methods serve a channel's hot path (a delivery
-    pass, a FIN of many ids) with one call instead of one per message.
+    message; the two batch methods serve a channel's hot path (a run delivered
+    to one client, a FIN of many ids) with one call instead of one per message.
     """
 
     __slots__ = ()
 
-    def push_many(self, entries: list[tuple[Any, float, T]]) -> None:
-        """``push`` for ``(msg_id, deadline, item)`` entries whose ids are not in flight."""
-        index, heap, seq, heappush = self._index, self._heap, self._seq, heapq.heappush
-        for msg_id, deadline, item in entries:
-            entry = [deadline, next(seq), msg_id, item]
-            index[msg_id] = entry
-            heappush(heap, entry)
+    def push_run(self, msg_ids: list[Any], deadline: float, items: Iterable[T]) -> None:
+        """``push`` of ids not in flight that share one deadline, as one run (see "Runs")."""
+        run: list[Any] = [deadline, next(self._seq), _RUN, None, len(msg_ids)]
+        seq = run[_SEQ]
+        run[_ITEM] = members = [[deadline, seq, k, item, run]
+                                for k, item in zip(msg_ids, items, strict=True)]
+        if members:
+            self._index.update(zip(msg_ids, members, strict=True))
+            heapq.heappush(self._heap, run)
 
     def remove_owned(self, msg_ids: list[Any], owner: Any, owner_at: int
                      ) -> tuple[list[T], list[Any]]:
@@ -212,6 +263,14 @@ class InFlightQueue(KeyedHeap[T]):
             removed.append(entry[_ITEM])
             entry[_KEY] = _DEAD
             entry[_ITEM] = None
+            if len(entry) > _LIVE:  # _member_gone, inlined: this is every FIN
+                run = entry[_LIVE]
+                live = run[_LIVE] = run[_LIVE] - 1
+                if not live:
+                    run[_KEY] = _DEAD
+                    run[_ITEM] = None
+                elif not live & 63:
+                    _member_gone(run, 0)
         heap = self._heap
         if len(heap) > _COMPACT_MIN and len(heap) > 2 * len(index):
             self._compact()

@@ -307,13 +307,76 @@ def test_long_random_sequence_matches_a_simple_model() -> None:
         assert len(q._heap) <= 2 * len(q) + 64
 
 
-def test_push_many_and_remove_owned_serve_a_channels_batches():
+def test_push_run_and_remove_owned_serve_a_channels_batches():
     from actors.pqueue import InFlightQueue
 
     q: InFlightQueue = InFlightQueue()
-    q.push_many([(b"a", 30, ("ma", "c1")), (b"b", 10, ("mb", "c2")), (b"c", 20, ("mc", "c1"))])
-    assert len(q) == 3
+    q.push_run([b"a"], 30, [("ma", "c1")])
+    q.push_run([b"b", b"c"], 10, [("mb", "c2"), ("mc", "c1")])
+    q.push_run([b"c2"], 20, [("mc2", "c1")])
+    assert len(q) == 4
     removed, failed = q.remove_owned([b"a", b"b", b"zz"], "c1", 1)
     assert removed == [("ma", "c1")]
     assert failed == [b"b", b"zz"]
-    assert [k for k, _ in q.pop_expired(100)] == [b"b", b"c"]
+    assert [k for k, _ in q.pop_expired(100)] == [b"b", b"c", b"c2"]
+
+
+def test_runs_mixed_with_single_entries_match_a_simple_model() -> None:
+    # Given a long random mix of runs (one deadline for many ids), single pushes, FINs of
+    # many ids (remove_owned), removes, TOUCHes (update) and sweeps with and without a limit
+    rng = random.Random(99)
+    q: InFlightQueue[tuple[int, str]] = InFlightQueue()
+    model: dict[int, tuple[int, int, str]] = {}  # id -> (deadline, order, owner)
+    order = 0
+    now = 0
+    next_id = 0
+    for _ in range(20_000):
+        op = rng.random()
+        if op < 0.15:
+            owner = rng.choice("ab")
+            ids = list(range(next_id, next_id + rng.randrange(1, 300)))
+            next_id = ids[-1] + 1
+            d = now + rng.randrange(100)
+            q.push_run(ids, d, [(i, owner) for i in ids])
+            for i in ids:
+                order += 1
+                model[i] = (d, order, owner)
+        elif op < 0.25:
+            order += 1
+            d = now + rng.randrange(100)
+            q.push(next_id, d, (next_id, "a"))
+            model[next_id] = (d, order, "a")
+            next_id += 1
+        elif op < 0.55 and model:
+            owner = rng.choice("ab")
+            ids = rng.sample(sorted(model), min(len(model), rng.randrange(1, 400)))
+            removed, failed = q.remove_owned(ids, owner, 1)
+            mine = [i for i in ids if model[i][2] == owner]
+            assert [i for i, _ in removed] == mine
+            assert failed == [i for i in ids if model[i][2] != owner]
+            for i in mine:
+                del model[i]
+        elif op < 0.65 and model:
+            i = rng.choice(sorted(model))
+            assert q.remove(i) == (i, model.pop(i)[2])
+        elif op < 0.8 and model:
+            i = rng.choice(sorted(model))
+            order += 1
+            d = now + rng.randrange(100)
+            q.update(i, d)
+            model[i] = (d, order, model[i][2])
+        else:
+            now += rng.randrange(20)
+            limit = rng.choice([None, 1, 7, 150])
+            due = sorted((v[0], v[1], k) for k, v in model.items() if v[0] <= now)
+            if limit is not None:
+                due = due[:limit]
+            # Then sweeps pop the same ids, earliest deadline first, ties in insertion order
+            assert [k for k, _ in q.pop_expired(now, limit)] == [k for _, _, k in due]
+            for _, _, k in due:
+                del model[k]
+        assert len(q) == len(model)
+        assert len(q._heap) <= 2 * len(q) + 64
+    # And a drain gives what is left in the same order
+    rest = sorted((v[0], v[1], k) for k, v in model.items())
+    assert [k for k, _ in q.drain()] == [k for _, _, k in rest]

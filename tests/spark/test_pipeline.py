@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,7 @@ from transport.spark import (
     PublishCounters,
     TopicReader,
     drain_to_parquet,
+    to_json,
 )
 
 pytestmark = pytest.mark.timeout(240)
@@ -42,11 +46,6 @@ def wait_until(check: Any, timeout: float, what: str) -> None:
         time.sleep(0.05)  # poll interval of the condition above
 
 
-def topic_count(broker: Any, topic: str) -> int:
-    topics = broker.stats(topic).get("topics", [])
-    return topics[0]["message_count"] if topics else 0
-
-
 def test_100k_rows_go_through_and_come_back_with_none_lost(spark, broker, tmp_path):
     n = 100_000
     counters = PublishCounters.create(spark.sparkContext)
@@ -69,13 +68,29 @@ def test_100k_rows_go_through_and_come_back_with_none_lost(spark, broker, tmp_pa
     assert channel["in_flight_count"] == 0
 
 
+def gated_json(gate_id: int, blocked: str, resume: str, row: Any) -> bytes:
+    """JSON, except that the row `gate_id` says so in file `blocked` and waits for file
+    `resume` (a barrier across the Spark worker's process boundary)."""
+    if row.id == gate_id:
+        Path(blocked).touch()
+        deadline = time.monotonic() + 120
+        while not Path(resume).exists() and time.monotonic() < deadline:
+            time.sleep(0.01)  # poll interval of the barrier file
+    return to_json(row)
+
+
 def test_broker_killed_mid_job_the_job_retries_and_every_row_arrives(spark, tmp_path):
     n = 100_000
     broker = start_broker(tmp_path)
+    blocked, resume = tmp_path / "blocked", tmp_path / "resume"
     try:
         counters = PublishCounters.create(spark.sparkContext)
-        publisher = PartitionPublisher("killed", broker.zmq_endpoint, timeout=1.0,
-                                       retry_for=90, counters=counters)
+        # MPUBs of 500, two in flight: a task publishes every 1,000 rows and waits for the
+        # answers; a row of partition 1 holds its task until the test says go on
+        publisher = PartitionPublisher(
+            "killed", broker.zmq_endpoint, timeout=1.0, retry_for=90, counters=counters,
+            batch_size=500, batches_in_flight=2,
+            serializer=partial(gated_json, 12_500 + 700, str(blocked), str(resume)))
         failure: list[BaseException] = []
 
         def job() -> None:
@@ -86,10 +101,19 @@ def test_broker_killed_mid_job_the_job_retries_and_every_row_arrives(spark, tmp_
 
         runner = threading.Thread(target=job)
         runner.start()
-        wait_until(lambda: topic_count(broker, "killed") >= 10_000, 120, "the job to be publishing")
-        broker.kill_all()  # supervisor, gateway and workers: kill -9
+        # Given a job that cannot finish: one task waits at the gate
+        wait_until(blocked.exists, 120, "the job to reach the gate")
+        # When the broker freezes, the gated task goes on and publishes into it, and the
+        # broker is then killed (kill -9 of the whole tree) and started again
+        os.killpg(broker.proc.pid, signal.SIGSTOP)
+        resume.touch()
+        # The frozen broker answers nothing: within 3 s (3x the publisher's 1 s timeout)
+        # the gated task has sent its MPUBs, had no answer, and sent them again
+        time.sleep(3)
+        broker.kill_all()
         broker.start()
         runner.join(180)
+        # Then the job completes after retries, and every row is there
         assert not runner.is_alive()
         assert not failure, failure
         stats = counters.values()
