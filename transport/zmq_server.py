@@ -3,10 +3,13 @@
 Theory of operation
 -------------------
 One thread owns the ROUTER socket bound at ``--zmq-address`` and polls it
-together with an ``inproc`` PULL socket through which any other thread sends
-replies (:meth:`ZmqServer.send` pushes ``[routing id, *frames]`` under a
-lock; the loop forwards them).  ZeroMQ sockets are not thread-safe, so
-nothing but the loop touches the ROUTER.
+together with an ``inproc`` PULL socket.  Any other thread sends replies
+with :meth:`ZmqServer.send`, which queues ``(routing id, frames)`` on a
+deque and pushes a one-byte wake-up token (under a lock); the loop drains
+the tokens and then the deque, and sends each reply's frames to the ROUTER.
+A MESSAGE batch of hundreds of frames thus crosses threads as one object,
+not as hundreds of inproc frames sent and received again.  ZeroMQ sockets
+are not thread-safe, so nothing but the loop touches the ROUTER.
 
 A *session* is a routing id the loop has heard from.  For each one it keeps
 the protocol state (:class:`~transport.protocol_common.ConnectionState`), the
@@ -25,13 +28,15 @@ that routing id), so the broker's per-session state never outlives a reset.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import zmq
 
@@ -104,6 +109,8 @@ class ZmqServer:
         self._push.setsockopt(zmq.LINGER, 0)
         self._push.connect(self._out_addr)
         self._push_lock = threading.Lock()
+        # (routing id, frames) to send, or (None, session name) to drop; in order
+        self._outq: deque[tuple[bytes | None, Any]] = deque()
         self._sessions: dict[bytes, _Session] = {}
         self._generation: dict[bytes, int] = {}
         self._by_name: dict[str, bytes] = {}
@@ -137,15 +144,20 @@ class ZmqServer:
         rid = self._by_name.get(session)
         if rid is None:
             return
-        with self._push_lock:
-            if not self._push.closed:
-                send_frames(self._push, [rid, *frames])
+        self._outq.append((rid, frames))
+        self._wake()
 
     def drop(self, session: str) -> None:
         """End a session from any thread (after a fatal error the broker found)."""
+        self._outq.append((None, session))
+        self._wake()
+
+    def _wake(self) -> None:
         with self._push_lock:
             if not self._push.closed:
-                self._push.send_multipart([b"", b"DROP", session.encode()])
+                # a full token queue means the loop has wake-ups pending anyway
+                with contextlib.suppress(zmq.Again):
+                    self._push.send(b"", zmq.NOBLOCK)
 
     # -------------------------------------------------------------------- loop
 
@@ -156,14 +168,12 @@ class ZmqServer:
         router, pull = self._router, self._pull
         try:
             while not self._stop.is_set():
-                events = dict(poller.poll(self._poll_timeout_ms()))
+                events = dict(poller.poll(0 if self._outq else self._poll_timeout_ms()))
                 if pull in events:
-                    for _ in range(1000):
-                        try:
-                            frames = recv_frames(pull, zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        self._outgoing(frames)
+                    with contextlib.suppress(zmq.Again):
+                        for _ in range(10_000):
+                            pull.recv(zmq.NOBLOCK)  # wake-up tokens
+                self._outgoing()
                 if router in events:
                     for _ in range(1000):
                         try:
@@ -188,14 +198,17 @@ class ZmqServer:
             return 100
         return max(1, min(100, int((min(due) - self.clock()) * 1000)))
 
-    def _outgoing(self, frames: list[bytes]) -> None:
-        if frames[0] == b"" and frames[1] == b"DROP":
-            rid = self._by_name.get(frames[2].decode())
-            if rid is not None:
-                self._close(rid, notify=True)
-            return
-        if frames[0] in self._sessions:
-            send_frames(self._router, frames)
+    def _outgoing(self) -> None:
+        """Send what other threads queued (at most 5,000 replies, then read requests)."""
+        outq, router, sessions = self._outq, self._router, self._sessions
+        for _ in range(min(len(outq), 5000)):
+            rid, frames = outq.popleft()
+            if rid is None:  # drop(session)
+                rid = self._by_name.get(frames)
+                if rid is not None:
+                    self._close(rid, notify=True)
+            elif rid in sessions:
+                send_frames(router, [rid, *frames])
 
     def _session(self, rid: bytes) -> _Session:
         s = self._sessions.get(rid)
