@@ -294,9 +294,16 @@ class ChannelState:
     def finish(self, client: str, msg_ids: list[bytes]) -> list[BrokerError]:
         """FIN: returns one non-fatal E_FIN_FAILED per id that was not in flight for `client`."""
         removed, failed = self.in_flight.remove_owned(msg_ids, client, CLIENT)
+        # _release, inlined (every FINed message): disk positions acked, delayed ids removed
+        acks = self.effects.disk_ack
         for item in removed:
-            if item[HANDLE] is not None:
-                self._release(item[HANDLE], item[ENCODED][10:26])
+            handle = item[HANDLE]
+            if handle is None:
+                continue
+            if handle == DELAYED:
+                self.effects.delayed_remove.append(item[ENCODED][10:26])
+            else:
+                acks.append(handle)
         state = self.clients.get(client)
         if state is not None:
             state.in_flight -= len(removed)

@@ -38,9 +38,10 @@ keeps every sift inside ``heapq``'s C code.
 *Runs.*  A channel delivers a run of messages to one client with one
 deadline; :meth:`InFlightQueue.push_run` gives such a run a single heap
 entry ``[priority, sequence, RUN, members, live]`` whose *members* are the
-per-key entries (``[priority, sequence, key, item, run]``, all in the
-index).  Pushing a run is then one ``heappush`` and one ``dict.update``, not
-one of each per message.  Removing a member counts the run's ``live`` down;
+per-key entries (tuples ``(priority, sequence, key, item, run)``, all in
+the index; a member is live while the index maps its key to it).  Pushing
+a run is then one ``heappush`` and one ``dict.update``, not one of each per
+message.  Removing a member counts the run's ``live`` down;
 a run whose members are all gone becomes a tombstone itself, and a run
 mostly gone is shrunk to its live members (amortised O(1), as above), so a
 run never holds on to much more than its live members.  A popped run yields
@@ -100,10 +101,11 @@ class KeyedHeap(Generic[T]):
         """Remove ``msg_id`` and return its item; ``KeyError`` if absent.  O(1)."""
         entry = self._index.pop(msg_id)
         item = entry[_ITEM]
-        entry[_KEY] = _DEAD
-        entry[_ITEM] = None
         if len(entry) > _LIVE:
-            _member_gone(entry[_LIVE])
+            _member_gone(entry[_LIVE], self._index)
+        else:
+            entry[_KEY] = _DEAD
+            entry[_ITEM] = None
         heap = self._heap
         if len(heap) > _COMPACT_MIN and len(heap) > 2 * len(self._index):
             self._compact()
@@ -117,12 +119,13 @@ class KeyedHeap(Generic[T]):
         old = self._index[msg_id]
         if item is _MISSING:
             item = old[_ITEM]
-        old[_KEY] = _DEAD
-        old[_ITEM] = None
-        if len(old) > _LIVE:
-            _member_gone(old[_LIVE])
         entry = [priority, next(self._seq), msg_id, item]
         self._index[msg_id] = entry
+        if len(old) > _LIVE:
+            _member_gone(old[_LIVE], self._index)
+        else:
+            old[_KEY] = _DEAD
+            old[_ITEM] = None
         heapq.heappush(self._heap, entry)
         if len(self._heap) > _COMPACT_MIN and len(self._heap) > 2 * len(self._index):
             self._compact()
@@ -154,7 +157,7 @@ class KeyedHeap(Generic[T]):
         """Take up to `room` live members of `run` (the heap's top) into `out`; the run
         leaves the heap once it has none left."""
         index = self._index
-        live = [m for m in run[_ITEM] if m[_KEY] is not _DEAD and index.get(m[_KEY]) is m]
+        live = [m for m in run[_ITEM] if index.get(m[_KEY]) is m]
         take = live[:room]
         if len(take) < len(live):
             run[_ITEM], run[_LIVE] = live[room:], len(live) - room
@@ -165,8 +168,6 @@ class KeyedHeap(Generic[T]):
             key = m[_KEY]
             del index[key]
             out.append((key, m[_ITEM]))
-            m[_KEY] = _DEAD
-            m[_ITEM] = None
 
     def drain(self) -> list[tuple[Any, T]]:
         """Remove and return every ``(key, item)``, earliest first."""
@@ -219,13 +220,13 @@ class KeyedHeap(Generic[T]):
         return f"<{type(self).__name__} len={len(self)} next={self.peek()!r}>"
 
 
-def _member_gone(run: list[Any], count: int = 1) -> None:
-    """`count` more members of `run` were removed: let go of what is no longer live."""
+def _member_gone(run: list[Any], index: dict[Any, Any], count: int = 1) -> None:
+    """`count` more members of `run` left `index`: let go of what is no longer live."""
     run[_LIVE] -= count
     if not run[_LIVE]:
         run[_KEY], run[_ITEM] = _DEAD, None
     elif run[_LIVE] * 4 < len(run[_ITEM]) and len(run[_ITEM]) > _COMPACT_MIN:
-        run[_ITEM] = [m for m in run[_ITEM] if m[_KEY] is not _DEAD]
+        run[_ITEM] = [m for m in run[_ITEM] if index.get(m[_KEY]) is m]
 
 
 class InFlightQueue(KeyedHeap[T]):
@@ -242,7 +243,7 @@ class InFlightQueue(KeyedHeap[T]):
         """``push`` of ids not in flight that share one deadline, as one run (see "Runs")."""
         run: list[Any] = [deadline, next(self._seq), _RUN, None, len(msg_ids)]
         seq = run[_SEQ]
-        run[_ITEM] = members = [[deadline, seq, k, item, run]
+        run[_ITEM] = members = [(deadline, seq, k, item, run)
                                 for k, item in zip(msg_ids, items, strict=True)]
         if members:
             self._index.update(zip(msg_ids, members, strict=True))
@@ -261,8 +262,6 @@ class InFlightQueue(KeyedHeap[T]):
                 continue
             del index[msg_id]
             removed.append(entry[_ITEM])
-            entry[_KEY] = _DEAD
-            entry[_ITEM] = None
             if len(entry) > _LIVE:  # _member_gone, inlined: this is every FIN
                 run = entry[_LIVE]
                 live = run[_LIVE] = run[_LIVE] - 1
@@ -270,7 +269,10 @@ class InFlightQueue(KeyedHeap[T]):
                     run[_KEY] = _DEAD
                     run[_ITEM] = None
                 elif not live & 63:
-                    _member_gone(run, 0)
+                    _member_gone(run, index, 0)
+            else:
+                entry[_KEY] = _DEAD
+                entry[_ITEM] = None
         heap = self._heap
         if len(heap) > _COMPACT_MIN and len(heap) > 2 * len(index):
             self._compact()
