@@ -108,7 +108,11 @@ def test_broker_killed_mid_job_the_job_retries_and_every_row_arrives(spark, tmp_
         os.killpg(broker.proc.pid, signal.SIGSTOP)
         resume.touch()
         # The frozen broker answers nothing: within 3 s (3x the publisher's 1 s timeout)
-        # the gated task has sent its MPUBs, had no answer, and sent them again
+        # the gated task has sent its MPUBs, had no answer, and sent them again.  This is
+        # a wait for the publisher's own timeout to pass, not for an event: the MPUBs
+        # never reach the frozen broker's socket (ZeroMQ queues them until its handshake
+        # completes), and the publisher runs in Spark's Python worker, where no fake
+        # clock can be injected.
         time.sleep(3)
         broker.kill_all()
         broker.start()
