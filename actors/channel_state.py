@@ -41,13 +41,12 @@ rewritten with one attempt more.  A message whose next delivery would exceed
 from __future__ import annotations
 
 import random
-import struct
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any
 
 from actors.nsq_errors import BrokerError, fin_failed, invalid, req_failed, touch_failed
-from actors.nsq_message import FIRST_ATTEMPT, message_id, next_attempt
+from actors.nsq_message import FIRST_ATTEMPT, message_id, next_attempt, with_attempts
 from actors.pqueue import DeferredQueue, InFlightQueue
 
 DELAYED = -1
@@ -78,7 +77,6 @@ class ClientState:
 # (encoded bytes as delivered, durability handle, client name).
 InFlight = tuple[bytes, Handle, str]
 ENCODED, HANDLE, CLIENT = 0, 1, 2
-_DEAD_LETTER_ATTEMPTS = struct.pack(">H", FIRST_ATTEMPT)
 _COMPACT_AT = 4096
 
 
@@ -399,8 +397,7 @@ class ChannelState:
             handle, encoded = popleft()
             if max_attempts and (encoded[8] << 8) | encoded[9] > max_attempts:
                 # Same id, timestamp and body; attempts start again on the dead-letter topic.
-                self.effects.dead_letters.append(
-                    encoded[:8] + _DEAD_LETTER_ATTEMPTS + encoded[10:])
+                self.effects.dead_letters.append(with_attempts(encoded, FIRST_ATTEMPT))
                 self.stats.dead_letter_count += 1
                 self._release(handle, encoded[10:26])
                 continue
