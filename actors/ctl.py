@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from actors.control import ControlClient
-from actors.errors import ActorsError
+from actors.runtime.control import ControlClient
+from actors.runtime.errors import ActorsError
 
 __all__ = ["main"]
 

@@ -46,12 +46,12 @@ from typing import Any
 import psutil
 
 from actors.broker import Broker
-from actors.broker_options import BrokerOptions
+from actors.broker.options import BrokerOptions
 from bench import calibrate
-from transport import protocol_commands as pc
 from transport.client import Consumer, Producer
-from transport.nsq_v2 import CLOSED, NEED_DATA
-from transport.nsq_v2_client import ClientConnection
+from transport.nsq.client_codec import ClientConnection
+from transport.nsq.codec import CLOSED, NEED_DATA
+from transport.protocol import commands as pc
 
 
 class TcpClient:

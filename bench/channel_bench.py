@@ -19,8 +19,8 @@ import random
 import statistics
 import time
 
-from actors.channel_state import ChannelState
-from actors.nsq_message import GuidFactory
+from actors.broker.channel_state import ChannelState
+from actors.broker.nsq_message import GuidFactory
 
 
 def run(messages: int, size: int, clients: int, lag: int) -> float:

@@ -33,7 +33,7 @@ from typing import Any
 
 import zmq
 
-from actors import Actor, Supervisor, message
+from actors.runtime import Actor, Supervisor, message
 
 BODY = b"x" * 100
 BATCH = 100

@@ -36,7 +36,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from actors.broker import Broker
-from actors.broker_options import BrokerOptions
+from actors.broker.options import BrokerOptions
 from transport.spark import PartitionPublisher, PublishCounters, to_json
 
 

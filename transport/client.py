@@ -3,7 +3,7 @@
 ``Producer`` publishes with acknowledgements; ``Consumer`` subscribes a
 handler.  Both talk to one or more brokers (``tcp://host:port`` endpoints)
 through DEALER sockets and use the sans-IO codec in
-:mod:`transport.zmq_protocol`.
+:mod:`transport.zmq.codec`.
 
 Theory of operation
 -------------------
@@ -48,10 +48,10 @@ from typing import Any
 
 import zmq
 
-from transport import protocol_commands as pc
-from transport.protocol_common import ProtocolError
-from transport.zmq_protocol import ErrorReply, Messages, Ok, encode_request, parse_reply
-from transport.zmqio import recv_frames, send_frames
+from transport.protocol import commands as pc
+from transport.protocol.validation import ProtocolError
+from transport.zmq.codec import ErrorReply, Messages, Ok, encode_request, parse_reply
+from transport.zmq.frames import recv_frames, send_frames
 
 log = logging.getLogger(__name__)
 

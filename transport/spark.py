@@ -60,7 +60,7 @@ from pyspark import TaskContext
 from pyspark.sql import types as t
 
 from transport.client import Consumer, Message, Producer
-from transport.protocol_common import ProtocolError, check_topic
+from transport.protocol.validation import ProtocolError, check_topic
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from actors.broker_options import BrokerOptions
+from actors.broker.options import BrokerOptions
 
 
 def broker_options(data_path: Path | str, **options: Any) -> BrokerOptions:

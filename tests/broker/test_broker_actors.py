@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from actors.broker import Broker
-from actors.client import (
+from actors.broker.client import (
     ClientClose,
     ClientFin,
     ClientGone,
@@ -30,8 +30,8 @@ from actors.client import (
     ClientSub,
     ClientTake,
 )
-from actors.nsq_errors import BrokerError
-from actors.nsq_message import decode_message
+from actors.broker.errors import BrokerError
+from actors.broker.nsq_message import decode_message
 from tests.broker.conftest import broker_options
 
 pytestmark = pytest.mark.timeout(90)

@@ -1,4 +1,4 @@
-"""Broker options (actors.broker_options): nsqd defaults, durations, config file and flags."""
+"""Broker options (actors.broker.options): nsqd defaults, durations, config file and flags."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.broker_options import (
+from actors.broker.options import (
     BrokerOptions,
     OptionsError,
     build_parser,
@@ -313,7 +313,7 @@ def test_dead_letter_topic_defaults_to_the_topic_name_plus_dead() -> None:
 
 
 def test_dead_letter_topic_name_stays_valid_for_long_topic_names() -> None:
-    from actors.nsq_message import is_valid_topic_name
+    from actors.broker.nsq_message import is_valid_topic_name
 
     o = BrokerOptions()
     for topic in ("x" * 64, "y" * 54 + "#ephemeral"):

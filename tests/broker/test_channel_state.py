@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 
-from actors.channel_state import DELAYED, ChannelState
-from actors.nsq_errors import BrokerError
-from actors.nsq_message import (
+from actors.broker.channel_state import DELAYED, ChannelState
+from actors.broker.errors import BrokerError
+from actors.broker.nsq_message import (
     FIRST_ATTEMPT,
     GuidFactory,
     attempts_of,

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from actors.broker_messages import PublishDone
-from actors.client import PUBLISH_TIMEOUT, ClientActor, ClientPub, ClientTick
+from actors.broker.client import PUBLISH_TIMEOUT, ClientActor, ClientPub, ClientTick
+from actors.broker.messages import PublishDone
 from tests.broker.conftest import broker_options
 
 pytestmark = pytest.mark.timeout(10)

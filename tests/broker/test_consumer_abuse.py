@@ -11,8 +11,8 @@ from actors.broker import Broker
 from tests.broker.conftest import broker_options
 from tests.broker.test_broker_actors import wait_for
 from tests.broker.test_nsq_tcp_broker import Conn
-from transport import protocol_commands as pc
 from transport.client import Consumer, Message, Producer
+from transport.protocol import commands as pc
 
 pytestmark = pytest.mark.timeout(120)
 

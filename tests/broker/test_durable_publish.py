@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from actors.broker import Broker
-from actors.diskqueue_actor import DqStats
-from actors.errors import AskTimeout
+from actors.broker.diskqueue import DqStats
+from actors.runtime.errors import AskTimeout
 from tests.broker.conftest import broker_options
 from tests.broker.test_broker_actors import wait_for
 from transport.client import Producer

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from actors.broker import Broker
-from actors.client import ClientRdy, ClientSub, ClientTake
-from actors.nsq_message import decode_message
+from actors.broker.client import ClientRdy, ClientSub, ClientTake
+from actors.broker.nsq_message import decode_message
 from tests.broker.conftest import broker_options
 from tests.broker.test_broker_actors import wait_for
 

@@ -130,6 +130,6 @@ def test_a_thousand_idle_connections_do_not_stop_the_broker(broker):
 
 
 def _info():
-    from actors.gateway import ListenerInfo
+    from actors.broker.gateway import ListenerInfo
 
     return ListenerInfo()

@@ -1,4 +1,4 @@
-"""Protocol errors (actors.nsq_errors): nsqd's codes, fatality, text and wire form."""
+"""Protocol errors (actors.broker.errors): nsqd's codes, fatality, text and wire form."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pickle
 import msgpack
 import pytest
 
-from actors import nsq_errors as e
-from actors.nsq_errors import BrokerError
+from actors.broker import errors as e
+from actors.broker.errors import BrokerError
 
 NSQD_CODES = {
     "E_INVALID", "E_BAD_BODY", "E_BAD_TOPIC", "E_BAD_CHANNEL", "E_BAD_MESSAGE",

@@ -1,4 +1,4 @@
-"""NSQ message encoding, message ids and names (actors.nsq_message): bytes in, values out."""
+"""NSQ message encoding, message ids and names (actors.broker.nsq_message): bytes in, values out."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.nsq_message import (
+from actors.broker.nsq_message import (
     FIRST_ATTEMPT,
     HEADER_SIZE,
     MAX_NODE_ID,

@@ -11,9 +11,9 @@ import pytest
 from actors.broker import Broker
 from tests.broker.conftest import broker_options
 from tests.broker.test_broker_actors import wait_for
-from transport import protocol_commands as pc
-from transport.nsq_v2 import CLOSED, NEED_DATA
-from transport.nsq_v2_client import ClientConnection
+from transport.nsq.client_codec import ClientConnection
+from transport.nsq.codec import CLOSED, NEED_DATA
+from transport.protocol import commands as pc
 
 pytestmark = pytest.mark.timeout(90)
 

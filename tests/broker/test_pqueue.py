@@ -1,4 +1,4 @@
-"""In-flight and deferred priority queues (actors.pqueue) with plain numbers for time."""
+"""In-flight and deferred priority queues (actors.broker.pqueue) with plain numbers for time."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from actors.pqueue import DeferredQueue, DuplicateIdError, InFlightQueue, KeyedHeap
+from actors.broker.pqueue import DeferredQueue, DuplicateIdError, InFlightQueue, KeyedHeap
 
 
 def filled(*entries: tuple[str, int]) -> InFlightQueue[str]:
@@ -308,7 +308,7 @@ def test_long_random_sequence_matches_a_simple_model() -> None:
 
 
 def test_push_run_and_remove_owned_serve_a_channels_batches():
-    from actors.pqueue import InFlightQueue
+    from actors.broker.pqueue import InFlightQueue
 
     q: InFlightQueue = InFlightQueue()
     q.push_run([b"a"], 30, [("ma", "c1")])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from actors.scanner import ScanRound, pool_size
+from actors.broker.scanner import ScanRound, pool_size
 
 
 def test_the_pool_is_a_quarter_of_the_channels_between_one_and_the_maximum():

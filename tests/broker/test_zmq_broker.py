@@ -12,9 +12,9 @@ import zmq
 from actors.broker import Broker
 from tests.broker.conftest import broker_options
 from tests.broker.test_broker_actors import wait_for
-from transport import protocol_commands as pc
 from transport.client import BrokerRefused, Consumer, Message, Producer, PublishError
-from transport.zmq_protocol import Messages, encode_request, parse_reply
+from transport.protocol import commands as pc
+from transport.zmq.codec import Messages, encode_request, parse_reply
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -27,9 +27,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from transport import protocol_commands as pc
 from transport.client import Consumer, Message, Producer
-from transport.nsq_v2_client import ClientConnection
+from transport.nsq.client_codec import ClientConnection
+from transport.protocol import commands as pc
 
 TOPIC = "chaos"
 CHANNEL = "check"
@@ -102,16 +102,16 @@ class BrokerProcess:
 
     def processes(self) -> list:
         """The runtime's processes (name, role, pid), from its control channel."""
-        from actors.broker_options import run_dir_for
-        from actors.control import ControlClient
+        from actors.broker.options import run_dir_for
+        from actors.runtime.control import ControlClient
 
         with ControlClient(run_dir_for(str(self.data)), timeout=5) as ctl:
             return ctl.ps()
 
     def client_actors(self) -> list[str]:
         """The names of the live client actors (one per client connection)."""
-        from actors.broker_options import run_dir_for
-        from actors.control import ControlClient
+        from actors.broker.options import run_dir_for
+        from actors.runtime.control import ControlClient
 
         with ControlClient(run_dir_for(str(self.data)), timeout=5) as ctl:
             return [a.name for a in ctl.actors() if a.name.startswith("client:")]
@@ -132,7 +132,7 @@ class BrokerProcess:
                 self.kill_all()
 
     def ctl_crash(self, name: str) -> None:
-        from actors.broker_options import run_dir_for
+        from actors.broker.options import run_dir_for
 
         subprocess.run([sys.executable, "-m", "actors.ctl", "--run-dir",
                         run_dir_for(str(self.data)), "crash", name],
@@ -333,4 +333,4 @@ def consumer(broker: BrokerProcess, ledger: Ledger, rng: random.Random,
                     heartbeat_interval_ms=5000, msg_timeout_ms=3000, max_backoff=0.5).start()
 
 
-NEED_DATA = __import__("transport.nsq_v2", fromlist=["NEED_DATA"]).NEED_DATA
+NEED_DATA = __import__("transport.nsq.codec", fromlist=["NEED_DATA"]).NEED_DATA

@@ -7,9 +7,9 @@ import threading
 import pytest
 import zmq
 
-from transport import protocol_commands as pc
 from transport.client import Producer, PublishError
-from transport.zmq_protocol import encode_ok, parse_request
+from transport.protocol import commands as pc
+from transport.zmq.codec import encode_ok, parse_request
 
 pytestmark = pytest.mark.timeout(30)
 

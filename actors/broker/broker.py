@@ -1,0 +1,185 @@
+"""`python -m actors.broker`: the broker process (nsqd's role), and `Broker` for embedding.
+
+The broker is the actor runtime (`actors.runtime.supervisor`) with the broker's actor
+factories:
+
+==============  =======================================  ========================
+name            actor                                    process
+==============  =======================================  ========================
+``topic:T``     `actors.broker.topic.TopicActor`                worker ``crc32(T) % N``
+``channel:T/C`` `actors.broker.channel.ChannelActor`            same worker as its topic
+``diskqueue:*`` `actors.broker.diskqueue.DiskQueueActor`  same worker as its owner
+``scanner:i``   `actors.broker.scanner.ScannerActor`            worker ``i``
+``client:id``   `actors.broker.client.ClientActor`              gateway
+``listener:p``  `actors.broker.gateway` (``http``)              gateway
+==============  =======================================  ========================
+
+Every node, when it starts and after every restart, creates its scanner and
+the topics whose metadata files in ``--data-path`` hash to it (the boot
+hook); topics re-create their channels, and every actor recovers its state
+from storage in ``on_start``.  An orderly shutdown stops clients first, then
+topics, then channels, then the rest, so memory buffers reach the disk-queue
+actors before those close their files.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+from actors.broker.channel import ChannelActor
+from actors.broker.client import ClientActor
+from actors.broker.diskqueue import DiskQueueActor
+from actors.broker.errors import BrokerError, from_wire
+from actors.broker.gateway import ListenerInfo, listener
+from actors.broker.messages import Publish, TopicCommand, TopicStats
+from actors.broker.options import BrokerOptions, OptionsError, parse_options, run_dir_for
+from actors.broker.scanner import ScannerActor
+from actors.broker.topic import TopicActor, topics_on_disk
+from actors.runtime.options import LOG_FORMAT
+from actors.runtime.placement import GATEWAY, Placement
+from actors.runtime.supervisor import Supervisor
+
+log = logging.getLogger("actors.broker")
+
+STOP_ORDER = ("listener", "client", "topic", "channel", "scanner")
+LISTENERS = ("http", "zmq", "tcp")
+_LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
+               "error": logging.ERROR, "fatal": logging.CRITICAL}
+
+
+def boot_names(options: BrokerOptions, node: str, placement: Placement) -> list[str]:
+    """The actors `node` must run from the start: its scanner and its topics on disk."""
+    if node == GATEWAY:
+        return [f"listener:{p}" for p in LISTENERS]
+    index = node.rpartition("-")[2]
+    topics = [f"topic:{t}" for t in topics_on_disk(options.data_path)
+              if placement.node_for(f"topic:{t}") == node]
+    return [f"scanner:{index}", *topics]
+
+
+def factories(options: BrokerOptions) -> dict[str, Any]:
+    return {
+        "topic": partial(TopicActor, options=options),
+        "channel": partial(ChannelActor, options=options),
+        "diskqueue": partial(DiskQueueActor, options=options),
+        "scanner": partial(ScannerActor, options=options),
+        "client": partial(ClientActor, options=options),
+        "listener": partial(listener, options=options),
+    }
+
+
+class Broker:
+    """A running broker: start, talk to its topics, stop.
+
+    ``with Broker(BrokerOptions(data_path="data").resolved()) as b:
+    b.publish("orders", [b"hello"])``.
+    """
+
+    def __init__(self, options: BrokerOptions) -> None:
+        self.options = options.resolved()
+        o = self.options
+        os.makedirs(o.data_path, exist_ok=True)
+        self.supervisor = Supervisor(
+            run_dir_for(o.data_path), factories(o), workers=o.workers,
+            shutdown_timeout=o.shutdown_timeout, debug_hooks=o.debug_hooks,
+            stop_order=STOP_ORDER, boot=partial(boot_names, o),
+            log_level=_LOG_LEVELS.get(o.log_level, logging.INFO))
+
+    def start(self) -> Broker:
+        """Start every process; raises RuntimeError (after stopping) if a listener cannot bind."""
+        self.supervisor.start()
+        try:
+            self.listeners = {p: self.supervisor.ask(f"listener:{p}", ListenerInfo(), 30)
+                              for p in LISTENERS}
+        except BaseException:
+            self.supervisor.stop()
+            raise
+        failed = [info["error"] for info in self.listeners.values() if info["error"]]
+        if failed:
+            self.supervisor.stop()
+            raise RuntimeError("; ".join(failed))
+        return self
+
+    @property
+    def zmq_endpoint(self) -> str:
+        """The ZeroMQ protocol's bound endpoint (a real port when asked for port 0)."""
+        return str(self.listeners["zmq"]["address"])
+
+    @property
+    def tcp_address(self) -> str:
+        """The NSQ TCP protocol's bound ``host:port``."""
+        return str(self.listeners["tcp"]["address"])
+
+    @property
+    def http_port(self) -> int:
+        """The HTTP API's port (the bound one when ``--http-address`` asked for port 0)."""
+        return int(self.listeners["http"]["port"])
+
+    def stop(self) -> bool:
+        return self.supervisor.stop()
+
+    def __enter__(self) -> Broker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- conveniences for embedders and tests (the protocols use the same messages) --
+
+    def publish(self, topic: str, bodies: Sequence[bytes], defer_ms: int = 0,
+                timeout: float = 10.0) -> None:
+        """PUB / MPUB / DPUB; raises `BrokerError` with nsqd's code on bad input."""
+        _raise(self.supervisor.ask(f"topic:{topic}", Publish(list(bodies), defer_ms), timeout))
+
+    def topic_command(self, topic: str, command: str, arg: str = "",
+                      timeout: float = 10.0) -> None:
+        _raise(self.supervisor.ask(f"topic:{topic}", TopicCommand(command, arg), timeout))
+
+    def topic_stats(self, topic: str, include_clients: bool = True,
+                    timeout: float = 10.0) -> dict[str, Any]:
+        return self.supervisor.ask(f"topic:{topic}", TopicStats(include_clients), timeout)
+
+
+def _raise(reply: Any) -> None:
+    if reply is not None:
+        raise from_wire(reply)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        options = parse_options(argv)
+    except OptionsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=_LOG_LEVELS.get(options.log_level, logging.INFO),
+                        format=LOG_FORMAT.format(node="supervisor"))
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    broker = Broker(options)
+    log.info("starting broker: data path %s, %d workers, node id %d",
+             os.path.abspath(options.data_path), broker.options.workers,
+             broker.options.node_id)
+    try:
+        broker.start()
+    except RuntimeError as e:
+        log.critical("%s", e)
+        return 1
+    log.info("broker running (pid %d, HTTP on port %d); SIGTERM or Ctrl-C stops it",
+             os.getpid(), broker.http_port)
+    while not stop.wait(0.5):
+        pass
+    log.info("stopping: flushing memory to disk")
+    clean = broker.stop()
+    log.info("stopped %s", "cleanly" if clean else "after killing stragglers")
+    return 0 if clean else 1
+
+
+__all__ = ["Broker", "BrokerError", "boot_names", "factories", "main"]

@@ -1,0 +1,265 @@
+"""The channel actor: `channel:<topic>/<channel>`, a thin shell around `ChannelState`.
+
+Every message it receives changes the pure :class:`~actors.broker.channel_state.ChannelState`
+and then runs one delivery pass (``pump``); the resulting effects become
+messages: deliveries to client actors (one batch per client), writes, reads,
+acks and delayed-store updates to the channel's disk-queue actor, dead
+letters to the dead-letter topic.  In-flight timeouts and deferred messages
+are processed when the worker's scanner sends ``Scan(now)`` (nsqd's
+queueScanLoop, as messages).
+
+At start the channel asks its disk-queue actor what storage holds (depth,
+deferred messages with their due times), registers with its worker's scanner
+and tells its topic it exists (so a channel created by a SUB is recorded in
+the topic's metadata).  At an orderly stop, messages that live only in
+memory are written to disk, so a clean stop loses nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from typing import Any
+
+from actors.broker.channel_state import ChannelState, Effects
+from actors.broker.diskqueue import (
+    DqAck,
+    DqDefer,
+    DqDelete,
+    DqEmpty,
+    DqMessages,
+    DqOpen,
+    DqPut,
+    DqRead,
+    DqReopened,
+    DqUndefer,
+    DqWriteFailed,
+)
+from actors.broker.errors import BrokerError
+from actors.broker.messages import (
+    ChannelCommand,
+    ChannelGone,
+    ChannelPut,
+    ChannelPutDeferred,
+    ChannelStats,
+    ChannelUp,
+    ClientError,
+    Deliver,
+    Fin,
+    PublishEncoded,
+    Rdy,
+    Req,
+    Scan,
+    ScanDone,
+    ScanRegister,
+    ScanUnregister,
+    Stored,
+    Sub,
+    Touch,
+    Unsub,
+)
+from actors.broker.nsq_message import is_ephemeral
+from actors.broker.options import BrokerOptions
+from actors.runtime.actor import Actor
+from actors.runtime.placement import Placement
+
+log = logging.getLogger(__name__)
+
+
+def scanner_for(topic: str, workers: int) -> str:
+    """Name of the scanner on the worker that hosts `topic`'s family."""
+    node = Placement(workers).node_for(f"topic:{topic}")
+    return f"scanner:{node.rpartition('-')[2]}"
+
+
+class ChannelActor(Actor):
+    """See the module docstring."""
+
+    def __init__(self, name: str, options: BrokerOptions, clock: Any = time.time_ns) -> None:
+        super().__init__(name)
+        self.options = options
+        self.clock = clock
+        self.key = name.partition(":")[2]  # "topic/channel"
+        self.topic, _, self.channel = self.key.partition("/")
+        self.dq = f"diskqueue:{self.key}"
+        self.durable = not is_ephemeral(self.channel)
+        self.deleted = False
+        self.state = self._new_state()
+        self.put_confirms: list[tuple[str, int]] = []
+        self.defer_confirms: list[tuple[str, int]] = []
+
+    def _new_state(self) -> ChannelState:
+        o = self.options
+        return ChannelState(mem_queue_size=o.mem_queue_size, durable=self.durable,
+                            max_rdy_count=o.max_rdy_count, max_attempts=o.max_attempts,
+                            rng=random.Random())
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def on_start(self) -> None:
+        # rewind: a restarted channel lost its in-flight list; offer those messages again
+        depth, deferred = self.ask(self.dq, DqOpen(rewind=True), timeout=30)
+        self.state.restore(depth if self.durable else 0, [tuple(e) for e in deferred])
+        self.tell(scanner_for(self.topic, self.options.workers), ScanRegister(self.key))
+        self.tell(f"topic:{self.topic}", ChannelUp(self.channel))
+        self._after()
+
+    def on_stop(self) -> None:
+        if self.deleted or not self.durable:
+            return
+        kept = self.state.memory_only()
+        if kept:
+            self.tell(self.dq, DqPut(kept))
+            log.info("%s: wrote %d memory-only messages to disk at shutdown", self.name, len(kept))
+
+    # ----------------------------------------------------------------- messages
+
+    def on_receive(self, msg: Any) -> Any:
+        s = self.state
+        match msg:
+            case ChannelPut(messages=messages, confirm=confirm):
+                s.put(list(messages))
+                self._confirm_when_written(confirm, s.effects.disk_put, self.put_confirms)
+            case ChannelPutDeferred(items=items, confirm=confirm):
+                s.put_deferred([(m, due) for m, due in items])
+                self._confirm_when_written(confirm, s.effects.delayed_add,
+                                           self.defer_confirms)
+            case DqMessages(items=items):
+                s.from_disk(items)
+            case DqWriteFailed(count=count):
+                s.disk_depth = max(0, s.disk_depth - count)  # those never reached the disk
+            case Sub(client=client, msg_timeout_ms=timeout_ms):
+                s.subscribe(client, timeout_ms * 1_000_000)
+            case Rdy(client=client, count=count, msg_timeout_ms=timeout_ms):
+                if timeout_ms and client not in s.clients:
+                    s.subscribe(client, timeout_ms * 1_000_000)  # re-learned after a restart
+                self._guard(client, lambda: s.set_rdy(client, count))
+            case DqReopened():
+                if self.durable and not self.deleted:
+                    depth, _ = self.ask(self.dq, DqOpen(), timeout=30)
+                    s.disk_depth = depth
+                    s.reading = False
+            case Fin(client=client, ids=ids):
+                for error in s.finish(client, list(ids)):
+                    self.tell(client, ClientError(error.to_wire()))
+            case Req(client=client, id=msg_id, delay_ms=delay_ms):
+                self._guard(client, lambda: s.requeue(client, msg_id, delay_ms * 1_000_000,
+                                                      self.clock()))
+            case Touch(client=client, id=msg_id):
+                self._guard(client, lambda: s.touch(client, msg_id, self.clock()))
+            case Unsub(client=client):
+                s.unsubscribe(client)
+                if not s.clients and not self.durable and not self.deleted:
+                    self.tell(f"topic:{self.topic}", ChannelGone(self.channel))
+            case Scan(now_ns=now, reply_to=reply_to):
+                dirty = s.process(now)
+                self._after()
+                self.tell(reply_to, ScanDone(self.key, dirty))
+                return None
+            case ChannelCommand(command=command):
+                return self._command(command)
+            case ChannelStats(include_clients=include_clients):
+                return self._stats(include_clients)
+            case _:
+                log.warning("%s: unexpected message %r", self.name, msg)
+                return None
+        self._after()
+        return None
+
+    def _confirm_when_written(self, confirm: Any, writes: list[Any],
+                              pending: list[tuple[str, int]]) -> None:
+        """The topic waits for `confirm`: attach it to this message's disk write, or,
+        when nothing had to be written (memory, ephemeral, deleted), confirm now."""
+        if confirm is None:
+            return
+        if writes and not self.deleted:
+            pending.append(tuple(confirm))
+        else:
+            self.tell(confirm[0], Stored(confirm[1]))
+
+    def _guard(self, client: str, action: Any) -> None:
+        try:
+            action()
+        except BrokerError as e:
+            self.tell(client, ClientError(e.to_wire()))
+
+    def _command(self, command: str) -> Any:
+        s = self.state
+        if command == "pause":
+            s.paused = True
+        elif command == "unpause":
+            s.paused = False
+        elif command == "empty":
+            s.empty()
+            self._apply(s.take_effects())
+            self.tell(self.dq, DqEmpty())
+        elif command == "delete":
+            self.deleted = True
+            for client in list(s.clients):
+                self.tell(client, ClientError(("E_INVALID", f"channel {self.key} was deleted",
+                                               True)))
+            self.tell(scanner_for(self.topic, self.options.workers), ScanUnregister(self.key))
+            self.tell(self.dq, DqDelete())
+            self.state = self._new_state()
+            return True
+        elif command == "hello":
+            if self.deleted:  # the name is in use again: start afresh
+                self.deleted = False
+                self.on_start()
+            return True
+        else:
+            raise ValueError(f"unknown channel command {command!r}")
+        self._after()
+        return True
+
+    # ------------------------------------------------------------------ effects
+
+    def _after(self) -> None:
+        if self.deleted:
+            return
+        self.state.pump(self.clock())
+        fx = self.state.take_effects()
+        if fx:
+            self._apply(fx)
+
+    def _apply(self, fx: Effects) -> None:
+        dq = self.dq
+        if fx.disk_put:
+            self.tell(dq, DqPut(fx.disk_put, tuple(self.put_confirms)))
+            self.put_confirms = []
+        if fx.delayed_add:
+            self.tell(dq, DqDefer(fx.delayed_add, tuple(self.defer_confirms)))
+            self.defer_confirms = []
+        if fx.disk_ack:
+            self.tell(dq, DqAck(fx.disk_ack))
+        if fx.delayed_remove:
+            self.tell(dq, DqUndefer(fx.delayed_remove))
+        if fx.disk_read:
+            self.tell(dq, DqRead(fx.disk_read, self.name))
+        for client, messages in fx.deliveries.items():
+            self.tell(client, Deliver(self.key, messages))
+        if fx.dead_letters:
+            dead = self.options.dead_letter_topic_for(self.topic)
+            self.tell(f"topic:{dead}", PublishEncoded(fx.dead_letters))
+
+    def _stats(self, include_clients: bool) -> dict[str, Any]:
+        s = self.state
+        out: dict[str, Any] = {
+            "channel_name": self.channel,
+            "depth": s.depth(),
+            "backend_depth": s.disk_depth,
+            "in_flight_count": len(s.in_flight),
+            "deferred_count": len(s.deferred),
+            "message_count": s.stats.message_count,
+            "requeue_count": s.stats.requeue_count,
+            "timeout_count": s.stats.timeout_count,
+            "dead_letter_count": s.stats.dead_letter_count,
+            "dropped_count": s.stats.dropped_count,
+            "client_count": len(s.clients),
+            "paused": s.paused,
+        }
+        if include_clients:
+            out["clients"] = s.client_stats()
+        return out
+

@@ -1,0 +1,470 @@
+"""The pure state machine of a channel: queueing, RDY, in-flight, deferred, requeue.
+
+Theory of operation
+-------------------
+A channel holds NSQ-encoded messages (``actors.broker.nsq_message``) and hands each one
+to one of its subscribed clients.  It keeps:
+
+* ``ready``: messages waiting for a client, oldest first (a
+  :class:`ReadyQueue`).  Each carries a
+  *handle* saying where the message is durable: ``None`` (memory only),
+  a disk-queue position (``int >= 0``: the channel's disk queue runs in
+  ack-position mode, so the message stays on disk until it is finished) or
+  ``DELAYED`` (kept in the channel's persistent delayed store by id).
+* ``disk_depth``: messages in the disk queue not yet read into ``ready``;
+  reads are asked for in batches when ``ready`` runs dry.
+* ``in_flight``: delivered and not yet finished, by message id, with the
+  client and a deadline (``now + the client's msg timeout``).
+* ``deferred``: messages due later (DPUB, REQ with a delay), by id.
+* ``clients``: subscribed clients, each with its RDY count and in-flight
+  count; a client is *ready* while ``in_flight < rdy``.
+
+Nothing here does I/O, reads a clock or logs.  Methods take ``now`` (wall
+clock nanoseconds: deferred due times are persisted) and record what the
+actor must do in :class:`Effects`: messages to deliver per client, to write
+to disk, positions to ack, entries for the delayed store, disk reads to
+request, messages for the dead-letter topic.  The actor applies the effects
+in order (a delayed-store add is always applied before the ack that releases
+the same message from the disk queue, so a crash between them duplicates
+rather than loses).
+
+Delivery (``pump``) picks a random ready client for every message -- nsqd's
+load balancing inside a channel.  When exactly one client is ready, that
+choice is made once for the whole run of messages it has room for, which go
+out as one slice.  A message is stored with the attempts number its next
+delivery shows (``actors.broker.nsq_message``), so a delivery sends the bytes as
+they are, and a message that comes back (REQ, timeout, client gone) is
+rewritten with one attempt more.  A message whose next delivery would exceed
+``max_attempts`` goes to the dead-letter topic instead.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from itertools import repeat
+from typing import Any
+
+from actors.broker.errors import BrokerError, fin_failed, invalid, req_failed, touch_failed
+from actors.broker.nsq_message import FIRST_ATTEMPT, message_id, next_attempt, with_attempts
+from actors.broker.pqueue import DeferredQueue, InFlightQueue
+
+DELAYED = -1
+"""Handle of a message kept in the persistent delayed store (by message id)."""
+
+Handle = int | None
+
+
+@dataclass
+class ClientState:
+    """One subscribed client, as the channel sees it."""
+
+    name: str
+    msg_timeout_ns: int
+    rdy: int = 0
+    in_flight: int = 0
+    delivered: int = 0
+    finished: int = 0
+    requeued: int = 0
+    timed_out: int = 0
+
+    @property
+    def ready(self) -> bool:
+        return self.in_flight < self.rdy
+
+
+# An in-flight entry is a plain tuple (it is created for every delivery):
+# (encoded bytes as delivered, durability handle, client name).
+InFlight = tuple[bytes, Handle, str]
+ENCODED, HANDLE, CLIENT = 0, 1, 2
+_COMPACT_AT = 4096
+
+
+class ReadyQueue:
+    """Messages waiting for a client, oldest first: ``(handle, encoded)`` pairs.
+
+    Two parallel lists and a head index, so a batch goes in with two
+    ``extend`` calls and a run goes out as two slices (:meth:`take`), instead
+    of one tuple and one deque operation per message.  Taken slots are
+    dropped once they are the larger part of the lists.
+    """
+
+    __slots__ = ("_handles", "_head", "_msgs")
+
+    def __init__(self) -> None:
+        self._handles: list[Handle] = []
+        self._msgs: list[bytes] = []
+        self._head = 0
+
+    def __len__(self) -> int:
+        return len(self._msgs) - self._head
+
+    def __iter__(self) -> Any:
+        return zip(self._handles[self._head :], self._msgs[self._head :], strict=True)
+
+    def extend_memory(self, messages: list[bytes]) -> None:
+        """Messages that live only in memory (handle ``None``)."""
+        self._msgs += messages
+        self._handles += [None] * len(messages)
+
+    def extend(self, items: list[tuple[Handle, bytes]]) -> None:
+        """``(handle, encoded)`` pairs, e.g. a batch read from the disk queue."""
+        if items:
+            handles, msgs = zip(*items, strict=True)
+            self._handles += handles
+            self._msgs += msgs
+
+    def append(self, handle: Handle, encoded: bytes) -> None:
+        self._handles.append(handle)
+        self._msgs.append(encoded)
+
+    def appendleft(self, handle: Handle, encoded: bytes) -> None:
+        if self._head:
+            self._head -= 1
+            self._handles[self._head] = handle
+            self._msgs[self._head] = encoded
+        else:
+            self._handles.insert(0, handle)
+            self._msgs.insert(0, encoded)
+
+    def popleft(self) -> tuple[Handle, bytes]:
+        head = self._head
+        if head >= len(self._msgs):
+            raise IndexError("pop from an empty ReadyQueue")
+        pair = self._handles[head], self._msgs[head]
+        self._head = head + 1
+        if head >= _COMPACT_AT:
+            self._compact()
+        return pair
+
+    def take(self, n: int) -> tuple[list[Handle], list[bytes]]:
+        """The oldest ``n`` (or fewer) as ``(handles, messages)``."""
+        head = self._head
+        end = head + n
+        handles, msgs = self._handles[head:end], self._msgs[head:end]
+        self._head = min(end, len(self._msgs))
+        if self._head >= _COMPACT_AT:
+            self._compact()
+        return handles, msgs
+
+    def clear(self) -> None:
+        self._handles, self._msgs, self._head = [], [], 0
+
+    def _compact(self) -> None:
+        head = self._head
+        if head == len(self._msgs):
+            self.clear()
+        elif 2 * head >= len(self._msgs):
+            del self._handles[:head]
+            del self._msgs[:head]
+            self._head = 0
+
+
+@dataclass
+class Effects:
+    """What the channel actor must do after a state change, in this order."""
+
+    deliveries: dict[str, list[bytes]] = field(default_factory=dict)
+    disk_put: list[bytes] = field(default_factory=list)
+    delayed_add: list[tuple[int, bytes, bytes]] = field(default_factory=list)  # due, id, msg
+    disk_ack: list[int] = field(default_factory=list)
+    delayed_remove: list[bytes] = field(default_factory=list)
+    disk_read: int = 0
+    dead_letters: list[bytes] = field(default_factory=list)
+    dropped: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.deliveries or self.disk_put or self.delayed_add or self.disk_ack
+                    or self.delayed_remove or self.disk_read or self.dead_letters)
+
+
+@dataclass
+class ChannelStats:
+    message_count: int = 0
+    requeue_count: int = 0
+    timeout_count: int = 0
+    dead_letter_count: int = 0
+    dropped_count: int = 0
+
+
+class ChannelState:
+    """See the module docstring."""
+
+    def __init__(self, *, mem_queue_size: int, durable: bool, max_rdy_count: int = 2500,
+                 max_attempts: int = 0, read_batch: int = 512,
+                 rng: random.Random | None = None) -> None:
+        self.mem_queue_size = mem_queue_size
+        self.durable = durable
+        self.max_rdy_count = max_rdy_count
+        self.max_attempts = max_attempts
+        self.read_batch = read_batch
+        self.rng = rng or random.Random()
+        self.ready = ReadyQueue()
+        self.disk_depth = 0
+        self.reading = False
+        self.in_flight: InFlightQueue = InFlightQueue()
+        self.deferred: DeferredQueue = DeferredQueue()
+        self.clients: dict[str, ClientState] = {}
+        self.paused = False
+        self.stats = ChannelStats()
+        self.effects = Effects()
+
+    # ------------------------------------------------------------------ intake
+
+    def take_effects(self) -> Effects:
+        effects, self.effects = self.effects, Effects()
+        return effects
+
+    def depth(self) -> int:
+        """Messages waiting for a client (memory + disk), as nsqd reports it."""
+        return len(self.ready) + self.disk_depth
+
+    def put(self, messages: list[bytes]) -> None:
+        """New messages from the topic: memory while there is room, then disk."""
+        self.stats.message_count += len(messages)
+        room = self.mem_queue_size - len(self.ready)
+        if self.disk_depth == 0 and not self.reading and room >= len(messages):
+            self.ready.extend_memory(messages)
+            return
+        keep = max(0, room) if self.disk_depth == 0 and not self.reading else 0
+        if keep:
+            self.ready.extend_memory(messages[:keep])
+            messages = messages[keep:]
+        if self.durable:
+            self.effects.disk_put.extend(messages)
+            self.disk_depth += len(messages)
+        else:  # ephemeral: no disk behind the memory buffer
+            self.stats.dropped_count += len(messages)
+            self.effects.dropped += len(messages)
+
+    def put_deferred(self, items: list[tuple[bytes, int]]) -> None:
+        """Messages published with a delay: `(encoded, due_ns)`."""
+        self.stats.message_count += len(items)
+        for encoded, due in items:
+            self._defer(encoded, None, due)
+
+    def from_disk(self, items: list[tuple[int, bytes]]) -> None:
+        """A batch read from the disk queue: `(position, encoded)`."""
+        self.reading = False
+        # Nothing came back: the disk queue is empty, whatever we counted.
+        self.disk_depth = max(0, self.disk_depth - len(items)) if items else 0
+        self.ready.extend(items)
+
+    def restore(self, disk_depth: int, deferred: list[tuple[int, bytes, bytes]]) -> None:
+        """State found in storage at start: disk depth and delayed-store entries."""
+        self.disk_depth = disk_depth
+        for due, msg_id, encoded in deferred:
+            if msg_id not in self.deferred:
+                self.deferred.push(msg_id, due, (encoded, DELAYED))
+
+    # ----------------------------------------------------------------- clients
+
+    def subscribe(self, client: str, msg_timeout_ns: int) -> None:
+        self.clients.setdefault(client, ClientState(client, msg_timeout_ns))
+
+    def set_rdy(self, client: str, count: int) -> None:
+        if not 0 <= count <= self.max_rdy_count:
+            raise invalid(f"RDY count {count} out of range 0-{self.max_rdy_count}")
+        state = self.clients.get(client)
+        if state is None:
+            raise invalid("cannot RDY in current state")
+        state.rdy = count
+
+    def unsubscribe(self, client: str) -> None:
+        """A client left: its in-flight messages go back to the front of the queue at once."""
+        if self.clients.pop(client, None) is None:
+            return
+        back = [msg_id for msg_id in list(self.in_flight)
+                if self.in_flight.get(msg_id)[CLIENT] == client]
+        for msg_id in reversed(back):
+            item = self.in_flight.remove(msg_id)
+            self.ready.appendleft(item[HANDLE], next_attempt(item[ENCODED]))
+            self.stats.requeue_count += 1
+
+    # -------------------------------------------------------- client commands
+
+    def _owned(self, client: str, msg_id: bytes, error: Any) -> InFlight:
+        item = self.in_flight.get(msg_id)
+        if item is None or item[CLIENT] != client:
+            raise error(msg_id)
+        return item
+
+    def finish(self, client: str, msg_ids: list[bytes]) -> list[BrokerError]:
+        """FIN: returns one non-fatal E_FIN_FAILED per id that was not in flight for `client`."""
+        removed, failed = self.in_flight.remove_owned(msg_ids, client, CLIENT)
+        # _release, inlined (every FINed message): disk positions acked, delayed ids removed
+        acks = self.effects.disk_ack
+        for item in removed:
+            handle = item[HANDLE]
+            if handle is None:
+                continue
+            if handle == DELAYED:
+                self.effects.delayed_remove.append(item[ENCODED][10:26])
+            else:
+                acks.append(handle)
+        state = self.clients.get(client)
+        if state is not None:
+            state.in_flight -= len(removed)
+            state.finished += len(removed)
+        return [fin_failed(msg_id) for msg_id in failed]
+
+    def requeue(self, client: str, msg_id: bytes, delay_ns: int, now: int) -> None:
+        """REQ: back of the queue now (delay 0) or deferred by `delay_ns`."""
+        self._owned(client, msg_id, req_failed)
+        item = self.in_flight.remove(msg_id)
+        state = self.clients.get(client)
+        if state is not None:
+            state.in_flight -= 1
+            state.requeued += 1
+        self.stats.requeue_count += 1
+        encoded = next_attempt(item[ENCODED])
+        if delay_ns <= 0:
+            self.ready.append(item[HANDLE], encoded)
+        else:
+            self._defer(encoded, item[HANDLE], now + delay_ns)
+
+    def touch(self, client: str, msg_id: bytes, now: int) -> None:
+        """TOUCH: the message's timeout starts again."""
+        self._owned(client, msg_id, touch_failed)
+        state = self.clients[client]
+        self.in_flight.update(msg_id, now + state.msg_timeout_ns)
+
+    # ------------------------------------------------------------------- time
+
+    def process(self, now: int) -> bool:
+        """nsqd's processInFlightQueue + processDeferredQueue; True if any work was due."""
+        dirty = False
+        for msg_id, item in self.in_flight.pop_expired(now):
+            dirty = True
+            self.stats.timeout_count += 1
+            self.stats.requeue_count += 1
+            state = self.clients.get(item[CLIENT])
+            if state is not None:
+                state.in_flight -= 1
+                state.timed_out += 1
+            self.ready.append(item[HANDLE], next_attempt(item[ENCODED]))
+            del msg_id
+        for _msg_id, (encoded, handle) in self.deferred.pop_due(now):
+            dirty = True
+            self.ready.append(handle, encoded)
+        return dirty
+
+    # --------------------------------------------------------------- delivery
+
+    def pump(self, now: int) -> None:
+        """Deliver ready messages to random ready clients; ask for disk reads.
+
+        The hottest code of the broker: one ready client (the common case)
+        takes a whole run at once; several get one random pick per message.
+        """
+        if self.paused:
+            return
+        if self.ready:
+            ready_clients = [c for c in self.clients.values() if c.in_flight < c.rdy]
+            if len(ready_clients) == 1 and not self.max_attempts:
+                self._deliver_run(ready_clients[0], now)
+            elif ready_clients:
+                self._deliver_each(ready_clients, now)
+        if not self.ready and self.disk_depth and not self.reading and self.durable:
+            self.reading = True
+            self.effects.disk_read = self.read_batch
+
+    def _deliver_run(self, client: ClientState, now: int) -> None:
+        """As many messages as `client` has room for, as one run."""
+        handles, msgs = self.ready.take(client.rdy - client.in_flight)
+        name = client.name
+        # in-flight items (encoded, handle, client) are made by zip, in C
+        self.in_flight.push_run([m[10:26] for m in msgs], now + client.msg_timeout_ns,
+                                zip(msgs, handles, repeat(name), strict=False))
+        client.in_flight += len(msgs)
+        client.delivered += len(msgs)
+        out = self.effects.deliveries.get(name)
+        if out is None:
+            self.effects.deliveries[name] = msgs
+        else:
+            out += msgs
+
+    def _deliver_each(self, ready_clients: list[ClientState], now: int) -> None:
+        """A random ready client for every message; dead letters past ``max_attempts``.
+
+        What each client got in this pass becomes one in-flight run (one deadline)."""
+        ready = self.ready
+        popleft = ready.popleft
+        got: dict[str, tuple[ClientState, list[bytes], list[Handle]]] = {}
+        rand = self.rng.random
+        max_attempts = self.max_attempts
+        while ready_clients and ready:
+            handle, encoded = popleft()
+            if max_attempts and (encoded[8] << 8) | encoded[9] > max_attempts:
+                # Same id, timestamp and body; attempts start again on the dead-letter topic.
+                self.effects.dead_letters.append(with_attempts(encoded, FIRST_ATTEMPT))
+                self.stats.dead_letter_count += 1
+                self._release(handle, encoded[10:26])
+                continue
+            n = len(ready_clients)
+            i = 0 if n == 1 else int(rand() * n)
+            client = ready_clients[i]
+            mine = got.get(client.name)
+            if mine is None:
+                mine = got[client.name] = (client, [], [])
+            mine[1].append(encoded)
+            mine[2].append(handle)
+            client.in_flight += 1
+            if client.in_flight >= client.rdy:
+                ready_clients[i] = ready_clients[-1]
+                ready_clients.pop()
+        deliveries = self.effects.deliveries
+        for name, (client, msgs, handles) in got.items():
+            client.delivered += len(msgs)
+            self.in_flight.push_run([m[10:26] for m in msgs], now + client.msg_timeout_ns,
+                                    zip(msgs, handles, repeat(name), strict=False))
+            out = deliveries.get(name)
+            if out is None:
+                deliveries[name] = msgs
+            else:
+                out += msgs
+
+    # ---------------------------------------------------------------- helpers
+
+    def _defer(self, encoded: bytes, handle: Handle, due: int) -> None:
+        msg_id = message_id(encoded)
+        if self.durable and handle != DELAYED:
+            self.effects.delayed_add.append((due, msg_id, encoded))
+            if handle is not None:
+                self.effects.disk_ack.append(handle)
+            handle = DELAYED
+        elif handle == DELAYED:  # still in the store: record the new due time
+            self.effects.delayed_add.append((due, msg_id, encoded))
+        self.deferred.push(msg_id, due, (encoded, handle))
+
+    def _release(self, handle: Handle, msg_id: bytes) -> None:
+        if handle is None:
+            return
+        if handle == DELAYED:
+            self.effects.delayed_remove.append(msg_id)
+        else:
+            self.effects.disk_ack.append(handle)
+
+    def empty(self) -> None:
+        """Drop every queued and deferred message (nsqd's channel empty)."""
+        for handle, _encoded in self.ready:
+            if handle is not None and handle != DELAYED:
+                self.effects.disk_ack.append(handle)
+        self.ready.clear()
+        for _msg_id, (encoded, handle) in self.deferred.pop_due(2**63):
+            self._release(handle, message_id(encoded))
+        self.disk_depth = 0
+        self.reading = False
+
+    def memory_only(self) -> list[bytes]:
+        """Messages that exist only in memory (what a clean shutdown writes to disk)."""
+        out = [m for h, m in self.ready if h is None]
+        out.extend(next_attempt(self.in_flight.get(i)[ENCODED]) for i in self.in_flight
+                   if self.in_flight.get(i)[HANDLE] is None)
+        return out
+
+    def client_stats(self) -> list[dict[str, object]]:
+        return [{"client": c.name, "ready_count": c.rdy, "in_flight_count": c.in_flight,
+                 "message_count": c.delivered, "finish_count": c.finished,
+                 "requeue_count": c.requeued, "timeout_count": c.timed_out}
+                for c in self.clients.values()]

@@ -1,0 +1,321 @@
+"""The client-connection actor: `client:<id>`, one per connected client, on the gateway.
+
+It holds what nsqd's protocol loop keeps per connection -- the subscription,
+the RDY count, the negotiated message timeout -- validates the client's
+commands against the broker's limits, and forwards them to the channel.
+Channels send it ``Deliver`` batches and ``ClientError``s.
+
+Publishes are pipelined: ``ClientPub`` becomes a ``Publish`` told to the
+topic with this actor as ``reply_to``; the topic answers ``PublishDone`` and
+the answers are sent back in request order (NSQ V2 has no correlation ids,
+and a client's publishes may go to topics on different workers).
+
+What reaches the client goes to its :class:`~actors.broker.connections.Connection`
+when a protocol server registered one, otherwise to an *outbox* of
+``("message", channel, encoded)``, ``("ok", corr)`` and
+``("error", (code, text, fatal))`` entries that tests and embedders drain
+with ``ClientTake``.  A fatal error ends the subscription and closes the
+connection, as nsqd does.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from actors.broker import connections, health
+from actors.broker.errors import (
+    BrokerError,
+    PubFailed,
+    bad_body,
+    bad_channel,
+    bad_topic,
+    invalid,
+)
+from actors.broker.messages import (
+    ClientError,
+    Deliver,
+    Fin,
+    Publish,
+    PublishDone,
+    Rdy,
+    Req,
+    Sub,
+    Touch,
+    Unsub,
+)
+from actors.broker.nsq_message import is_valid_channel_name, is_valid_topic_name
+from actors.broker.options import BrokerOptions
+from actors.runtime.actor import Actor
+from transport.mailbox.envelope import message
+
+log = logging.getLogger(__name__)
+
+PUBLISH_TIMEOUT = 10.0  # seconds a publish may wait for its topic before it fails
+
+
+@message
+@dataclass(frozen=True)
+class ClientIdentify:
+    """IDENTIFY's message timeout (ms; 0 keeps the broker's default)."""
+
+    msg_timeout_ms: int = 0
+
+
+@message
+@dataclass(frozen=True)
+class ClientSub:
+    topic: str
+    channel: str
+
+
+@message
+@dataclass(frozen=True)
+class ClientRdy:
+    count: int
+
+
+@message
+@dataclass(frozen=True)
+class ClientFin:
+    ids: list[bytes]
+
+
+@message
+@dataclass(frozen=True)
+class ClientReq:
+    id: bytes
+    delay_ms: int
+
+
+@message
+@dataclass(frozen=True)
+class ClientTouch:
+    id: bytes
+
+
+@message
+@dataclass(frozen=True)
+class ClientPub:
+    """PUB / MPUB / DPUB from the client; answered OK or with an error, in order."""
+
+    topic: str
+    bodies: list[bytes]
+    defer_ms: int = 0
+    corr: bytes | None = None
+
+
+@message
+@dataclass(frozen=True)
+class ClientClose:
+    """CLS: no more deliveries; messages in flight can still be FINed or REQed."""
+
+
+@message
+@dataclass(frozen=True)
+class ClientGone:
+    """The connection dropped: its in-flight messages go back to the channel at once."""
+
+
+@message
+@dataclass(frozen=True)
+class ClientTick:
+    """The connection's heartbeat: refresh the subscription's lease with the channel."""
+
+
+@message
+@dataclass(frozen=True)
+class ClientTake:
+    """Ask: up to `limit` outbox entries, oldest first (removed from the outbox)."""
+
+    limit: int = 1_000_000
+
+
+@message
+@dataclass(frozen=True)
+class ClientInfo:
+    """Ask: the client's state (subscription, RDY, outbox size)."""
+
+
+class ClientActor(Actor):
+    """See the module docstring."""
+
+    def __init__(self, name: str, options: BrokerOptions,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(name)
+        self.options = options
+        self.clock = clock
+        self.msg_timeout_ms = int(options.msg_timeout * 1000)
+        self.channel: str | None = None  # "channel:topic/channel"
+        self.rdy = 0
+        self.outbox: deque[tuple[Any, ...]] = deque()
+        self.closed = False
+        self.pub_seq = 0
+        # waiting answers, in order: (seq, corr, when sent)
+        self.pubs: deque[tuple[int, bytes | None, float]] = deque()
+        self.pub_done: dict[int, Any] = {}
+
+    def on_start(self) -> None:
+        if not self.restart_count:
+            return
+        # Restarted after a crash: the lost instance's subscription, RDY and pending
+        # publishes are gone.  Release its in-flight messages and drop the connection,
+        # so the client reconnects and starts again from a state both sides know.
+        lost = connections.subscription(self.name)
+        if lost is not None:
+            self.tell(lost, Unsub(self.name))
+            connections.remember_subscription(self.name, None)
+        if connections.lookup(self.name) is not None:
+            log.warning("client actor %s restarted; closing its connection", self.name)
+            self._error(invalid("the broker lost this connection's state (its client "
+                                "actor restarted); reconnect"))  # fatal: closes
+
+    def on_stop(self) -> None:
+        self._leave()
+
+    def on_receive(self, msg: Any) -> Any:
+        match msg:
+            case Deliver(channel=channel, messages=messages):
+                conn = connections.lookup(self.name)
+                if conn is not None:
+                    conn.deliver(channel, list(messages))
+                else:
+                    self.outbox.extend(("message", channel, m) for m in messages)
+            case PublishDone(corr=seq, error=error):
+                health.record_publish(error)
+                if self.pubs and seq >= self.pubs[0][0]:  # else: given up on (expired)
+                    self.pub_done[seq] = error
+                    self._answer_publishes()
+            case ClientError(error=error):
+                self._error(BrokerError(error[1], fatal=error[2], code=error[0]))
+            case ClientTick():
+                self._expire_publishes()
+                if self.channel is not None:
+                    self.tell(self.channel, Rdy(self.name, self.rdy, self.msg_timeout_ms))
+            case ClientTake(limit=limit):
+                n = min(limit, len(self.outbox))
+                return [self.outbox.popleft() for _ in range(n)]
+            case ClientInfo():
+                return {"channel": self.channel, "rdy": self.rdy, "outbox": len(self.outbox),
+                        "msg_timeout_ms": self.msg_timeout_ms, "closed": self.closed}
+            case _:
+                try:
+                    self._command(msg)
+                except BrokerError as e:
+                    self._error(e)
+        return None
+
+    def _command(self, msg: Any) -> None:
+        o = self.options
+        match msg:
+            case ClientIdentify(msg_timeout_ms=timeout_ms):
+                max_ms = int(o.max_msg_timeout * 1000)
+                if timeout_ms and not 1000 <= timeout_ms <= max_ms:
+                    raise bad_body(f"IDENTIFY msg timeout ({timeout_ms}) is invalid")
+                if timeout_ms:
+                    self.msg_timeout_ms = timeout_ms
+            case ClientSub(topic=topic, channel=channel):
+                if self.channel is not None or self.closed:
+                    raise invalid("cannot SUB in current state")
+                if not is_valid_topic_name(topic):
+                    raise bad_topic(topic, "SUB")
+                if not is_valid_channel_name(channel):
+                    raise bad_channel(channel, "SUB")
+                self.channel = f"channel:{topic}/{channel}"
+                connections.remember_subscription(self.name, self.channel)
+                self.tell(self.channel, Sub(self.name, self.msg_timeout_ms))
+            case ClientRdy() if self.closed:
+                pass  # nsqd ignores RDY after CLS
+            case ClientRdy(count=count):
+                if self.channel is None:
+                    raise invalid("cannot RDY in current state")
+                if not 0 <= count <= o.max_rdy_count:
+                    raise invalid(f"RDY count {count} out of range 0-{o.max_rdy_count}")
+                self.rdy = count
+                self.tell(self.channel, Rdy(self.name, count, self.msg_timeout_ms))
+            case ClientFin(ids=ids):
+                self._require_sub("FIN")
+                self.tell(self.channel, Fin(self.name, list(ids)))
+            case ClientReq(id=msg_id, delay_ms=delay_ms):
+                self._require_sub("REQ")
+                max_ms = int(o.max_req_timeout * 1000)
+                if not 0 <= delay_ms <= max_ms:
+                    raise invalid(f"REQ timeout {delay_ms} out of range 0-{max_ms}")
+                self.tell(self.channel, Req(self.name, msg_id, delay_ms))
+            case ClientTouch(id=msg_id):
+                self._require_sub("TOUCH")
+                self.tell(self.channel, Touch(self.name, msg_id))
+            case ClientPub(topic=topic, bodies=bodies, defer_ms=defer_ms, corr=corr):
+                if not is_valid_topic_name(topic):
+                    raise bad_topic(topic, "DPUB" if defer_ms else "PUB")
+                self.pub_seq += 1
+                self.pubs.append((self.pub_seq, corr, self.clock()))
+                self._expire_publishes()
+                self.tell(f"topic:{topic}", Publish(list(bodies), defer_ms, self.name,
+                                                    self.pub_seq))
+            case ClientGone():
+                self._leave()
+                self.closed = True
+            case ClientClose():
+                # nsqd's CLS: no more deliveries, but the messages in flight stay this
+                # client's to FIN or REQ until it disconnects (which requeues them).
+                if self.channel is not None and self.rdy:
+                    self.rdy = 0
+                    self.tell(self.channel, Rdy(self.name, 0, self.msg_timeout_ms))
+                self.closed = True
+            case _:
+                raise invalid(f"invalid command {type(msg).__name__}")
+
+    def _require_sub(self, verb: str) -> None:
+        if self.channel is None:
+            raise invalid(f"cannot {verb} in current state")
+
+    def _expire_publishes(self) -> None:
+        """A publish unanswered for PUBLISH_TIMEOUT (its topic's worker died with it):
+        fail it with nsqd's fatal E_PUB_FAILED, which closes the connection, rather than
+        hold this and every later answer back forever.  The client publishes again;
+        the message may or may not have been stored (at least once)."""
+        if self.pubs and self.clock() - self.pubs[0][2] > PUBLISH_TIMEOUT and not self.closed:
+            corr = self.pubs[0][1]
+            self.pub_done.clear()
+            self.pubs.clear()
+            self._error(PubFailed(f"PUB failed: no answer from the topic in "
+                                  f"{PUBLISH_TIMEOUT:g}s", fatal=True), corr)
+
+    def _answer_publishes(self) -> None:
+        while self.pubs and self.pubs[0][0] in self.pub_done:
+            seq, corr, _ = self.pubs.popleft()
+            error = self.pub_done.pop(seq)
+            if error is not None:
+                self._error(BrokerError(error[1], fatal=error[2], code=error[0]), corr)
+                continue
+            conn = connections.lookup(self.name)
+            if conn is not None:
+                conn.respond(corr, None)
+            else:
+                self.outbox.append(("ok", corr))
+
+    def _error(self, error: BrokerError, corr: bytes | None = None) -> None:
+        conn = connections.lookup(self.name)
+        if conn is not None and corr is not None:
+            conn.respond(corr, error.to_wire())
+        elif conn is not None:
+            conn.error(error.to_wire())
+        else:
+            self.outbox.append(("error", error.to_wire()))
+        if error.fatal:
+            self._leave()
+            self.closed = True
+            if conn is not None:
+                conn.close()
+
+    def _leave(self) -> None:
+        if self.channel is not None:
+            self.tell(self.channel, Unsub(self.name))
+            self.channel = None
+            connections.remember_subscription(self.name, None)
+            self.rdy = 0

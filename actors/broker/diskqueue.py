@@ -1,0 +1,277 @@
+"""The disk-queue actor: owns one topic's or channel's storage, off its owner's thread.
+
+A topic ``T`` owns ``diskqueue:T``; a channel ``T/C`` owns ``diskqueue:T/C``
+(placement keeps them in the owner's process, so the messages between them
+are in-process inbox puts).  The actor holds a `storage.DiskQueue` in
+ack-position mode -- a message leaves the disk only when its owner acks it
+-- and, for channels, the channel's `storage.DelayedStore` of deferred
+messages.  `#ephemeral` owners get a `storage.NullQueue` and no delayed store.
+
+Messages are applied in the order they arrive, which is what the channel's
+effects ordering relies on (a delayed-store add before the ack that releases
+the same message from the disk queue).
+
+A write may carry *confirms*: ``(actor, token)`` pairs told ``Stored(token)``
+once the write is durable -- in the OS after ``put_many`` returns, and with
+``--sync-every=1`` also fsynced.  For the latter the actor does *group
+commit*: it syncs only when its inbox is empty, so every write that queued up
+behind one fsync shares it, and then confirms them all.  A failed write
+(disk full) is confirmed with ``E_PUB_FAILED`` instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from actors.broker.messages import Stored
+from actors.broker.nsq_message import is_ephemeral
+from actors.broker.options import BrokerOptions
+from actors.runtime.actor import Actor
+from storage import DelayedStore, DiskQueue, NullQueue, StorageError
+from transport.mailbox.envelope import message
+
+log = logging.getLogger(__name__)
+
+#: NSQ's message header (timestamp, attempts, id) stored before each body.
+MESSAGE_HEADER = 26
+
+
+@message
+@dataclass(frozen=True)
+class DqOpen:
+    """Ask: open (or report on) the storage. Reply: `(depth, deferred entries)`.
+
+    `rewind`: the owner (re)started and lost its in-flight state, so every
+    message read but not acked is offered again (the queue reopens at its floor).
+    """
+
+    rewind: bool = False
+
+
+@message
+@dataclass(frozen=True)
+class DqReopened:
+    """To the owner: this disk-queue actor (re)started; re-sync with `DqOpen`."""
+
+
+@message
+@dataclass(frozen=True)
+class DqPut:
+    """Append messages (NSQ-encoded) to the disk queue."""
+
+    messages: list[bytes]
+    confirms: tuple[tuple[str, int], ...] = ()
+    """`(actor, token)` pairs told `Stored(token)` once the write is durable."""
+
+
+@message
+@dataclass(frozen=True)
+class DqRead:
+    """Read up to `limit` messages; the reply is a `DqMessages` told to `reply_to`."""
+
+    limit: int
+    reply_to: str
+
+
+@message
+@dataclass(frozen=True)
+class DqMessages:
+    """Messages read from disk: `(position, encoded)` pairs (told to the owner)."""
+
+    items: list[tuple[int, bytes]]
+    depth: int
+
+
+@message
+@dataclass(frozen=True)
+class DqWriteFailed:
+    """To the owner: a `DqPut` of `count` messages failed (disk full); nothing was written."""
+
+    count: int
+    error: str
+
+
+@message
+@dataclass(frozen=True)
+class DqAck:
+    """Finished messages: their disk positions can go."""
+
+    positions: list[int]
+
+
+@message
+@dataclass(frozen=True)
+class DqDefer:
+    """Keep messages in the delayed store: `(due_ns, message id, encoded)`."""
+
+    entries: list[tuple[int, bytes, bytes]]
+    confirms: tuple[tuple[str, int], ...] = ()
+    """As for `DqPut`."""
+
+
+@message
+@dataclass(frozen=True)
+class DqUndefer:
+    """Finished deferred messages: remove them from the delayed store."""
+
+    ids: list[bytes]
+
+
+@message
+@dataclass(frozen=True)
+class DqEmpty:
+    """Drop everything stored (queue and delayed store)."""
+
+
+@message
+@dataclass(frozen=True)
+class DqDelete:
+    """Remove every file (the next message opens a fresh, empty queue)."""
+
+
+@message
+@dataclass(frozen=True)
+class DqStats:
+    """Ask: the storage's stats dict."""
+
+
+def queue_name(owner: str) -> str:
+    """File-name stem of an owner's queue: `T` for a topic, `T:C` for a channel (nsqd)."""
+    return owner.replace("/", ":")
+
+
+class DiskQueueActor(Actor):
+    """See the module docstring; named ``diskqueue:<topic>`` or ``diskqueue:<topic>/<channel>``."""
+
+    def __init__(self, name: str, options: BrokerOptions) -> None:
+        super().__init__(name)
+        self.options = options
+        self.owner = name.partition(":")[2]
+        self.is_channel = "/" in self.owner
+        self.queue: DiskQueue | NullQueue | None = None
+        self.delayed: DelayedStore | None = None
+        self.group_commit = options.sync_every == 1
+        self.unsynced: list[tuple[str, int]] = []
+        self.commits = 0
+
+    def on_start(self) -> None:
+        self._open()
+        # After a crash of this actor, its owner's idea of the queue (reads in progress,
+        # depth) is stale: tell it to re-sync.  A first start is told too (harmless).
+        self.tell(f"{'channel' if self.is_channel else 'topic'}:{self.owner}", DqReopened())
+
+    def _open(self) -> None:
+        o = self.options
+        stem = queue_name(self.owner)
+        # As in nsqd, a channel is ephemeral by its own name, whatever its topic's.
+        if is_ephemeral(self.owner.rpartition("/")[2]):
+            self.queue = NullQueue(stem, max_msg_size=o.max_msg_size + MESSAGE_HEADER)
+            return
+        os.makedirs(o.data_path, exist_ok=True)
+        self.queue = DiskQueue(stem, o.data_path, max_bytes_per_file=o.max_bytes_per_file,
+                               max_msg_size=o.max_msg_size + MESSAGE_HEADER,
+                               # with --sync-every=1 this actor syncs itself (group commit)
+                               sync_every=10**9 if self.group_commit else o.sync_every,
+                               sync_timeout=o.sync_timeout,
+                               ack_mode=True, cache_low_watermark=o.cache_low_watermark,
+                               cache_high_watermark=o.cache_high_watermark)
+        if self.is_channel:
+            self.delayed = DelayedStore(o.data_path, name=stem)
+
+    def on_stop(self) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        if self.queue is not None:
+            self.queue.close()
+        if self.delayed is not None:
+            self.delayed.close()
+
+    def on_receive(self, msg: Any) -> Any:
+        if self.queue is None:  # deleted earlier, and the name is in use again
+            self._open()
+        q = self.queue
+        assert q is not None
+        match msg:
+            case DqPut(messages=messages, confirms=confirms):
+                if not self._write(lambda: q.put_many(messages), confirms):
+                    owner = f"{'channel' if self.is_channel else 'topic'}:{self.owner}"
+                    self.tell(owner, DqWriteFailed(len(messages), "disk full or failing"))
+            case DqRead(limit=limit, reply_to=reply_to):
+                items = q.read_many(limit)
+                self.tell(reply_to, DqMessages(items, q.depth()))
+            case DqAck(positions=positions):
+                q.ack_many(positions)
+            case DqDefer(entries=entries, confirms=confirms):
+                delayed = self.delayed
+                self._write(lambda: delayed.add_many(entries) if delayed is not None else 0,
+                            confirms)
+            case DqUndefer(ids=ids):
+                if self.delayed is not None:
+                    self.delayed.remove_many(ids)
+            case DqOpen(rewind=rewind):
+                if rewind and q.pending():
+                    q.close()
+                    self._open()
+                    q = self.queue
+                    assert q is not None
+                deferred = self.delayed.entries() if self.delayed is not None else []
+                # Un-acked messages of an earlier life are readable again: depth counts them.
+                return q.depth() + q.pending(), deferred
+            case DqEmpty():
+                q.empty()
+                if self.delayed is not None:
+                    self.delayed.empty()
+            case DqDelete():
+                q.delete()
+                if self.delayed is not None:
+                    self.delayed.delete()
+                self.queue, self.delayed = None, None
+            case DqStats():
+                stats = q.stats()
+                if "chunks" in stats:  # msgpack maps need str keys
+                    stats["chunks"] = {str(k): v for k, v in stats["chunks"].items()}
+                stats["group_commits"] = self.commits
+                if self.delayed is not None:
+                    stats["delayed"] = len(self.delayed)
+                return stats
+            case _:
+                log.warning("%s: unexpected message %r", self.name, msg)
+        if self.unsynced and self.actor_inbox.qsize() == 0:
+            self._commit()
+        return None
+
+    def _write(self, write: Any, confirms: Any) -> bool:
+        """Do a write; confirm it now, or (group commit) at the next fsync. False if it failed."""
+        try:
+            write()
+        except StorageError as e:
+            log.error("%s: write failed: %s", self.name, e)
+            for actor, token in confirms:
+                self.tell(actor, Stored(token, ("E_PUB_FAILED", f"PUB failed {e}", False)))
+            return False
+        if self.group_commit and isinstance(self.queue, DiskQueue):
+            self.unsynced.extend(tuple(c) for c in confirms)
+            return True
+        for actor, token in confirms:
+            self.tell(actor, Stored(token))
+        return True
+
+    def _commit(self) -> None:
+        """fsync once for every write that queued up, then confirm them all."""
+        confirms, self.unsynced = self.unsynced, []
+        error = None
+        try:
+            if self.queue is not None:
+                self.queue.sync()
+            if self.delayed is not None:
+                self.delayed.sync()
+        except (StorageError, OSError) as e:
+            log.error("%s: fsync failed: %s", self.name, e)
+            error = ("E_PUB_FAILED", f"PUB failed {e}", False)
+        self.commits += 1
+        for actor, token in confirms:
+            self.tell(actor, Stored(token, error))

@@ -1,0 +1,364 @@
+"""The gateway's side of the client protocols: the broker facade and the listener actors.
+
+The protocol servers in `transport/` know nothing of actors (layering): they
+take a *facade* with plain methods (`publish`, `topic_command`, `stats`,
+`health`, `info`) and call it from their own threads.  `GatewayFacade`
+implements it with asks to the broker's actors, through the process's
+endpoint (thread-safe: every thread has its own sockets).
+
+Listeners are actors named ``listener:<protocol>`` that live on the gateway
+(placement) and are created by the gateway's boot hook; a listener starts
+its server in ``on_start`` and stops it in ``on_stop``.  A listener that
+cannot bind its address logs the error and reports it through
+``ListenerInfo`` (the broker's ``start()`` refuses to come up, as nsqd exits
+when a listen fails) instead of crashing in a restart loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass, is_dataclass
+from typing import Any
+
+from actors.broker import connections, health
+from actors.broker.client import (
+    ClientClose,
+    ClientFin,
+    ClientGone,
+    ClientIdentify,
+    ClientPub,
+    ClientRdy,
+    ClientReq,
+    ClientSub,
+    ClientTick,
+    ClientTouch,
+)
+from actors.broker.messages import ListTopics, Publish, TopicCommand, TopicStats
+from actors.broker.options import BrokerOptions, run_dir_for
+from actors.runtime.actor import Actor, current_endpoint
+from actors.runtime.control import ControlClient
+from actors.runtime.placement import Placement
+from transport.mailbox.envelope import message
+from transport.nsq import codec as nsq_codec
+from transport.protocol import commands as pc
+from transport.protocol.identify import ServerInfo
+from transport.protocol.validation import Limits, ProtocolError
+from transport.zmq import codec as zmq_codec
+
+log = logging.getLogger(__name__)
+
+_COMMANDS = {
+    "create": "hello", "delete": "delete", "empty": "empty", "pause": "pause",
+    "unpause": "unpause", "create_channel": "create_channel",
+    "delete_channel": "delete_channel", "empty_channel": "empty_channel",
+    "pause_channel": "pause_channel", "unpause_channel": "unpause_channel",
+}
+
+
+@message
+@dataclass(frozen=True)
+class ListenerInfo:
+    """Ask a listener: `{"protocol", "host", "port", "error"}`."""
+
+
+def _raise(reply: Any) -> None:
+    if reply is not None:
+        code, text, fatal = reply
+        raise ProtocolError(code, text, fatal=fatal)
+
+
+def split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+class GatewayFacade:
+    """What the protocol servers call; every call is an ask to an actor."""
+
+    def __init__(self, options: BrokerOptions, timeout: float = 10.0) -> None:
+        self.options = options
+        self.timeout = timeout
+        self.placement = Placement(options.workers or 1)
+        self.start_time = int(time.time())
+        self.ports: dict[str, int] = {}
+
+    def _ask(self, name: str, msg: Any) -> Any:
+        return current_endpoint().ask(name, msg, self.timeout)
+
+    def publish(self, topic: str, bodies: list[bytes], defer_ms: int = 0) -> None:
+        reply = self._ask(f"topic:{topic}", Publish(list(bodies), defer_ms))
+        health.record_publish(reply)
+        _raise(reply)
+
+    def topic_command(self, topic: str, command: str, channel: str = "") -> None:
+        if command not in _COMMANDS:
+            raise ProtocolError("E_INVALID", f"unknown topic command {command}")
+        _raise(self._ask(f"topic:{topic}", TopicCommand(_COMMANDS[command], channel)))
+
+    def topics(self) -> list[str]:
+        names: list[str] = []
+        for i in range(self.placement.workers):
+            names.extend(self._ask(f"scanner:{i}", ListTopics()))
+        return sorted(names)
+
+    def stats(self, topic: str | None, channel: str | None,
+              include_clients: bool) -> dict[str, Any]:
+        topics = []
+        for name in self.topics():
+            if topic and name != topic:
+                continue
+            stats = dict(self._ask(f"topic:{name}", TopicStats(include_clients)))
+            chans = [dict(c) for c in stats.get("channels", ())]
+            if channel:
+                chans = [c for c in chans if c.get("channel_name") == channel]
+            stats["channels"] = chans
+            topics.append(stats)
+        out: dict[str, Any] = {"version": _version(), "health": self.health() or "OK",
+                               "start_time": self.start_time, "topics": topics}
+        try:
+            with ControlClient(run_dir_for(self.options.data_path), timeout=2.0) as ctl:
+                out["processes"] = [_plain(p) for p in ctl.ps()]
+                out["actors"] = [_plain(a) for a in ctl.actors()]
+        except Exception as e:
+            out["processes_error"] = str(e)
+        return out
+
+    def health(self) -> str | None:
+        return health.reason()
+
+    def info(self) -> dict[str, Any]:
+        o = self.options
+        return {"version": _version(), "broadcast_address": o.broadcast_address,
+                "hostname": socket.gethostname(),
+                "http_port": self.ports.get("http", split_address(o.http_address)[1]),
+                "tcp_port": self.ports.get("tcp", split_address(o.tcp_address)[1]),
+                "start_time": self.start_time}
+
+
+def _plain(obj: Any) -> dict[str, Any]:
+    return asdict(obj) if is_dataclass(obj) else dict(obj)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+    try:
+        return version("zmqnsq")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def listener(name: str, options: BrokerOptions) -> Actor:
+    """Factory of the ``listener`` kind: the key names the protocol."""
+    kind = name.partition(":")[2]
+    if kind == "http":
+        return HttpListener(name, options)
+    if kind in {"zmq", "tcp"}:
+        return SocketListener(name, options)
+    raise ValueError(f"no listener for protocol {kind!r}")
+
+
+# ------------------------------------------------------- ZeroMQ and NSQ TCP
+
+
+class _SessionConnection:
+    """A session of a socket loop, as a client actor's `Connection` (any thread may write)."""
+
+    def __init__(self, server: Any, session: str) -> None:
+        self.server = server
+        self.session = session
+
+    def close(self) -> None:
+        self.server.drop(self.session)
+
+
+class ZmqConnection(_SessionConnection):
+    """A ZeroMQ session: replies carry the request's correlation frame."""
+
+    def deliver(self, channel: str, messages: list[bytes]) -> None:
+        self.server.send(self.session, zmq_codec.encode_messages(messages))
+
+    def respond(self, corr: bytes | None, error: Any, payload: bytes | None = None) -> None:
+        if error is None:
+            self.server.send(self.session, zmq_codec.encode_ok(corr, payload))
+        else:
+            self.server.send(self.session, zmq_codec.encode_error(
+                corr, ProtocolError(error[0], error[1], fatal=error[2])))
+
+    def error(self, error: Any) -> None:
+        self.respond(None, error)
+
+
+class TcpConnection(_SessionConnection):
+    """An NSQ TCP V2 connection: replies are response or error frames, in order."""
+
+    def deliver(self, channel: str, messages: list[bytes]) -> None:
+        self.server.send(self.session, nsq_codec.encode_messages(messages))
+
+    def respond(self, corr: bytes | None, error: Any, payload: bytes | None = None) -> None:
+        if error is None:
+            self.server.send(self.session, nsq_codec.encode_response(payload or b"OK"))
+        else:
+            self.error(error)
+
+    def error(self, error: Any) -> None:
+        self.server.send(self.session, nsq_codec.encode_error(
+            ProtocolError(error[0], error[1], fatal=error[2])))
+
+
+class ProtocolBridge:
+    """Turns a session's commands into messages to its `client:<prefix><session>` actor."""
+
+    def __init__(self, prefix: str, connection: Any) -> None:
+        self.prefix = prefix
+        self.connection = connection
+        self.server: Any = None
+
+    def actor_name(self, session: str) -> str:
+        return f"client:{self.prefix}{session}"
+
+    def on_command(self, session: str, corr: bytes | None, command: Any) -> None:
+        name = self.actor_name(session)
+        if connections.lookup(name) is None:
+            connections.register(name, self.connection(self.server, session))
+        msg = to_client_message(command, corr)
+        if msg is not None:
+            current_endpoint().tell(name, msg)
+
+    def on_close(self, session: str) -> None:
+        name = self.actor_name(session)
+        if connections.unregister(name) is not None:
+            current_endpoint().tell(name, ClientGone())
+
+    def on_heartbeat(self, session: str) -> None:
+        """Heartbeats double as the subscription's lease refresh (see `ClientTick`)."""
+        name = self.actor_name(session)
+        if connections.lookup(name) is not None:
+            current_endpoint().tell(name, ClientTick())
+
+
+def to_client_message(command: Any, corr: bytes | None) -> Any:
+    """The client-actor message for a protocol command (None: nothing to forward)."""
+    match command:
+        case pc.Pub(topic=topic, body=body):
+            return ClientPub(topic, [body], 0, corr)
+        case pc.Mpub(topic=topic, bodies=bodies):
+            return ClientPub(topic, list(bodies), 0, corr)
+        case pc.Dpub(topic=topic, delay_ms=delay_ms, body=body):
+            return ClientPub(topic, [body], delay_ms, corr)
+        case pc.Sub(topic=topic, channel=channel):
+            return ClientSub(topic, channel)
+        case pc.Rdy(count=count):
+            return ClientRdy(count)
+        case pc.Fin(ids=ids):
+            return ClientFin(list(ids))
+        case pc.Req(id=msg_id, delay_ms=delay_ms):
+            return ClientReq(msg_id, delay_ms)
+        case pc.Touch(id=msg_id):
+            return ClientTouch(msg_id)
+        case pc.Identify(settings=settings):
+            return ClientIdentify(settings.msg_timeout if settings is not None else 0)
+        case pc.Cls():
+            return ClientClose()
+        case _:
+            return None
+
+
+class SocketListener(Actor):
+    """`listener:zmq` (docs/PROTOCOL.md) or `listener:tcp` (NSQ TCP V2): a socket loop
+    started in ``on_start`` with a `ProtocolBridge` to the client actors."""
+
+    def __init__(self, name: str, options: BrokerOptions) -> None:
+        super().__init__(name)
+        self.options = options
+        self.protocol = name.partition(":")[2]
+        self.server: Any = None
+        self.error: str | None = None
+        self.address = (options.zmq_address if self.protocol == "zmq"
+                        else options.tcp_address)
+
+    def _make_server(self, bridge: ProtocolBridge) -> Any:
+        limits = Limits.from_options(self.options)
+        info = ServerInfo(version=_version())
+        if self.protocol == "zmq":
+            from transport.zmq.server import ZmqServer  # noqa: PLC0415
+
+            return ZmqServer(self.options.zmq_address, bridge, limits=limits, server=info)
+        from transport.nsq.server import TcpServer  # noqa: PLC0415
+
+        host, port = split_address(self.options.tcp_address)
+        return TcpServer(host, port, bridge, limits=limits, info=info)
+
+    def on_start(self) -> None:
+        bridge = ProtocolBridge("z" if self.protocol == "zmq" else "t",
+                                ZmqConnection if self.protocol == "zmq" else TcpConnection)
+        try:
+            self.server = self._make_server(bridge)
+            bridge.server = self.server
+            bound = self.server.start()
+        except Exception as e:  # reported by ListenerInfo: never a crash loop
+            self.error = f"listen ({self.address}) failed: {e}"
+            log.error("%s", self.error)
+            self.server = None
+            return
+        if self.protocol == "tcp":
+            host, _ = split_address(self.address)
+            self.address = f"{host}:{bound}"
+        else:
+            self.address = bound
+        log.info("%s protocol listening on %s", self.protocol, self.address)
+
+    def on_stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    def on_receive(self, msg: Any) -> Any:
+        if isinstance(msg, ListenerInfo):
+            return {"protocol": self.protocol, "address": self.address, "error": self.error,
+                    "sessions": self.server.sessions() if self.server else 0}
+        log.warning("%s: unexpected message %r", self.name, msg)
+        return None
+
+
+class HttpListener(Actor):
+    """`listener:http`: nsqd's HTTP API (transport.http.api) on ``--http-address``."""
+
+    def __init__(self, name: str, options: BrokerOptions) -> None:
+        super().__init__(name)
+        self.options = options
+        self.server: Any = None
+        self.error: str | None = None
+        self.host, self.port = split_address(options.http_address)
+
+    def on_start(self) -> None:
+        facade = GatewayFacade(self.options)
+        try:
+            from transport.http.api import HttpServer  # noqa: PLC0415 - aiohttp only here
+
+            self.server = HttpServer(facade, Limits.from_options(self.options),
+                                     self.host, self.port)
+            self.server.start()
+        except Exception as e:  # reported by ListenerInfo: never a crash loop
+            self.error = f"listen ({self.options.http_address}) failed: {e}"
+            log.error("%s", self.error)
+            self.server = None
+            return
+        self.port = self.server.port
+        facade.ports["http"] = self.port
+        log.info("HTTP API listening on %s:%d (pid %d)", self.host, self.port, os.getpid())
+
+    def on_stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    def on_receive(self, msg: Any) -> Any:
+        if isinstance(msg, ListenerInfo):
+            return {"protocol": "http", "host": self.host, "port": self.port,
+                    "error": self.error}
+        log.warning("%s: unexpected message %r", self.name, msg)
+        return None

@@ -1,0 +1,275 @@
+"""Messages between the broker's actors (topic, channel, client, scanner).
+
+Small frozen dataclasses registered with the envelope codec, grouped by the
+actor that receives them.  They live in one module because the broker's
+actors message each other in both directions (a topic fans out to its
+channels; a channel tells its topic it exists), and per-actor modules would
+import each other.  Disk-queue messages are in `actors.broker.diskqueue`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from transport.mailbox.envelope import message
+
+# --------------------------------------------------------------- to a channel
+
+@message
+@dataclass(frozen=True)
+class ChannelPut:
+    """New messages from the topic (NSQ-encoded)."""
+
+    messages: list[bytes]
+    confirm: tuple[str, int] | None = None
+    """`(topic actor, token)`: tell it `Stored(token)` once the messages are on disk."""
+
+
+@message
+@dataclass(frozen=True)
+class ChannelPutDeferred:
+    """Deferred messages from the topic: `(encoded, due_ns)`."""
+
+    items: list[tuple[bytes, int]]
+    confirm: tuple[str, int] | None = None
+    """As for `ChannelPut`: confirmed once they are in the delayed store."""
+
+
+@message
+@dataclass(frozen=True)
+class Sub:
+    """A client subscribes with its message timeout."""
+
+    client: str
+    msg_timeout_ms: int
+
+
+@message
+@dataclass(frozen=True)
+class Rdy:
+    """A client's RDY count; also its periodic lease refresh (a channel that restarted
+    and lost its subscriptions re-learns the client from it)."""
+
+    client: str
+    count: int
+    msg_timeout_ms: int = 0
+
+
+@message
+@dataclass(frozen=True)
+class Fin:
+    """A client finished these messages (ids as 16 hex bytes)."""
+
+    client: str
+    ids: list[bytes]
+
+
+@message
+@dataclass(frozen=True)
+class Req:
+    """A client requeues a message, now (0) or after `delay_ms`."""
+
+    client: str
+    id: bytes
+    delay_ms: int
+
+
+@message
+@dataclass(frozen=True)
+class Touch:
+    """A client needs more time for a message."""
+
+    client: str
+    id: bytes
+
+
+@message
+@dataclass(frozen=True)
+class Unsub:
+    """A client left (CLS, disconnect, heartbeat timeout)."""
+
+    client: str
+
+
+@message
+@dataclass(frozen=True)
+class Scan:
+    """From the scanner: process in-flight and deferred work due at `now_ns`."""
+
+    now_ns: int
+    reply_to: str
+
+
+@message
+@dataclass(frozen=True)
+class ChannelCommand:
+    """Operator command: `pause`, `unpause`, `empty`, `delete`, `hello` (ensure started)."""
+
+    command: str
+
+
+@message
+@dataclass(frozen=True)
+class ChannelStats:
+    """Ask: this channel's stats (nsqd's /stats shape)."""
+
+    include_clients: bool = True
+
+
+@message
+@dataclass(frozen=True)
+class Deliver:
+    """To a client actor: messages to send, from `channel` (`topic/channel`)."""
+
+    channel: str
+    messages: list[bytes]
+
+
+@message
+@dataclass(frozen=True)
+class ClientError:
+    """To a client actor: an error to send it (`BrokerError.to_wire()`)."""
+
+    error: tuple[str, str, bool]
+
+
+
+# ----------------------------------------------------------------- to a topic
+
+
+@message
+@dataclass(frozen=True)
+class Publish:
+    """Publish bodies (PUB is one body, MPUB many), deferred by `defer_ms` if > 0.
+
+    As an ask, the reply is None or a `BrokerError.to_wire()` tuple.
+    """
+
+    bodies: list[bytes]
+    defer_ms: int = 0
+    reply_to: str = ""
+    """If set, the result is told to this actor as `PublishDone(corr, ...)` instead."""
+    corr: int = 0
+
+
+@message
+@dataclass(frozen=True)
+class PublishDone:
+    """To a client actor: the result of its `Publish` number `corr` (None = OK)."""
+
+    corr: int
+    error: tuple[str, str, bool] | None
+
+
+@message
+@dataclass(frozen=True)
+class Stored:
+    """To a topic: the write it asked for with `token` is done (error None) or failed."""
+
+    token: int
+    error: tuple[str, str, bool] | None = None
+
+
+@message
+@dataclass(frozen=True)
+class PublishEncoded:
+    """Already encoded messages (dead letters keep their id, timestamp and attempts)."""
+
+    messages: list[bytes]
+
+
+@message
+@dataclass(frozen=True)
+class ChannelUp:
+    """A channel of this topic started (created by a SUB, or at boot)."""
+
+    channel: str
+
+
+@message
+@dataclass(frozen=True)
+class ChannelGone:
+    """An #ephemeral channel lost its last client: delete it."""
+
+    channel: str
+
+
+@message
+@dataclass(frozen=True)
+class TopicCommand:
+    """Ask: `pause`, `unpause`, `empty`, `delete`, `create_channel`, `delete_channel`,
+    `pause_channel`, `unpause_channel`, `empty_channel`, `hello`; `arg` is the channel name.
+
+    Reply: None, or a `BrokerError.to_wire()` tuple.
+    """
+
+    command: str
+    arg: str = ""
+
+
+@message
+@dataclass(frozen=True)
+class TopicStats:
+    """Ask: the topic's stats with its channels' (nsqd's /stats shape)."""
+
+    include_clients: bool = True
+
+
+# ---------------------------------------------------------------- to a scanner
+
+
+@message
+@dataclass(frozen=True)
+class ScanRegister:
+    """A channel (`topic/channel`) on this worker wants sweeps."""
+
+    channel: str
+
+
+@message
+@dataclass(frozen=True)
+class ScanUnregister:
+    """A channel was deleted."""
+
+    channel: str
+
+
+@message
+@dataclass(frozen=True)
+class ScanDone:
+    """A channel's answer to `Scan`: whether it had expired work."""
+
+    channel: str
+    dirty: bool
+
+
+@message
+@dataclass(frozen=True)
+class Tick:
+    """The scanner's own timer: time for a sweep."""
+
+
+@message
+@dataclass(frozen=True)
+class TopicRegister:
+    """A topic on this worker exists (the scanner keeps the worker's topic list)."""
+
+    topic: str
+
+
+@message
+@dataclass(frozen=True)
+class TopicUnregister:
+    """A topic on this worker was deleted."""
+
+    topic: str
+
+
+@message
+@dataclass(frozen=True)
+class ListTopics:
+    """Ask: the names of the topics that exist on this worker."""
+
+
+# ----------------------------------------------------------- to a client actor
+# (Deliver and ClientError above are sent by channels to client actors.)

@@ -1,0 +1,471 @@
+"""The topic actor: `topic:<name>` -- ids, fan-out, buffering, metadata.
+
+A publish gets NSQ message ids (one GUID factory per topic, as nsqd has),
+a nanosecond timestamp and attempts 1 (what its first delivery shows), and is
+encoded once.  Then:
+
+* with channels and not paused, the batch is copied to every channel as
+  one ``ChannelPut`` mailbox message each (fan-out in batches);
+* otherwise it is kept: in memory up to ``--mem-queue-size`` messages, the
+  rest in the topic's disk queue (``diskqueue:<topic>``); an ``#ephemeral``
+  topic drops (and counts) what does not fit in memory.
+
+When a channel appears or the topic is unpaused, what was kept is drained to
+the channels: memory first, then the disk queue in batches, each batch acked
+on the topic's queue once it has been handed to every channel.
+
+The topic owns its metadata file ``<data>/<topic>.topic.json`` (paused flag,
+channels and their paused flags), rewritten atomically on every change and
+read at start, when the topic re-creates its channels.  Ephemeral topics
+keep no metadata.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import os
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from actors.broker.channel import scanner_for
+from actors.broker.diskqueue import (
+    DqAck,
+    DqDelete,
+    DqEmpty,
+    DqMessages,
+    DqOpen,
+    DqPut,
+    DqRead,
+    DqReopened,
+    DqWriteFailed,
+)
+from actors.broker.errors import (
+    BrokerError,
+    bad_body,
+    bad_channel,
+    bad_message,
+    bad_topic,
+    invalid,
+    message_too_big,
+)
+from actors.broker.messages import (
+    ChannelCommand,
+    ChannelGone,
+    ChannelPut,
+    ChannelPutDeferred,
+    ChannelStats,
+    ChannelUp,
+    Publish,
+    PublishDone,
+    PublishEncoded,
+    Stored,
+    TopicCommand,
+    TopicRegister,
+    TopicStats,
+    TopicUnregister,
+)
+from actors.broker.nsq_message import (
+    GuidFactory,
+    is_ephemeral,
+    is_valid_channel_name,
+    is_valid_topic_name,
+)
+from actors.broker.options import BrokerOptions
+from actors.runtime.actor import Actor
+from storage.meta import write_atomic
+
+log = logging.getLogger(__name__)
+
+META_SUFFIX = ".topic.json"
+READ_BATCH = 512
+
+
+def topic_meta_path(data_path: str, topic: str) -> str:
+    return os.path.join(data_path, topic + META_SUFFIX)
+
+
+def topics_on_disk(data_path: str) -> list[str]:
+    """Names of the topics whose metadata is in `data_path` (for the broker's boot)."""
+    try:
+        entries = os.listdir(data_path)
+    except FileNotFoundError:
+        return []
+    return sorted(e[: -len(META_SUFFIX)] for e in entries
+                  if e.endswith(META_SUFFIX) and is_valid_topic_name(e[: -len(META_SUFFIX)]))
+
+
+@dataclass
+class _Waiting:
+    """A publish (or a drained batch) waiting for its writes to be confirmed."""
+
+    outstanding: int
+    reply_to: str = ""
+    corr: int = 0
+    handle: Any = None  # a deferred ask's reply handle
+    drained: list[int] | None = None  # positions to ack on the topic's own queue
+    error: tuple[str, str, bool] | None = None
+
+
+class TopicActor(Actor):
+    """See the module docstring."""
+
+    def __init__(self, name: str, options: BrokerOptions, clock: Any = time.time_ns) -> None:
+        super().__init__(name)
+        self.options = options
+        self.clock = clock
+        self.topic = name.partition(":")[2]
+        self.valid = is_valid_topic_name(self.topic)
+        self.ephemeral = is_ephemeral(self.topic)
+        self.dq = f"diskqueue:{self.topic}"
+        self.meta_path = topic_meta_path(options.data_path, self.topic)
+        self.guids = GuidFactory(options.node_id)
+        # --mem-queue-size=0: a publish is answered only when it is on disk everywhere
+        self.durable_ack = options.mem_queue_size == 0 and not self.ephemeral
+        self._tokens = itertools.count(1)
+        self.waiting: dict[int, _Waiting] = {}
+        self._reset()
+
+    def _reset(self) -> None:
+        self.channels: dict[str, bool] = {}  # channel -> paused
+        self.paused = False
+        self.memory: deque[bytes] = deque()
+        self.deferred: list[tuple[bytes, int]] = []  # DPUB while there is no channel
+        self.disk_depth = 0
+        self.reading = False
+        self.message_count = 0
+        self.message_bytes = 0
+        self.dropped = 0
+        self.exists = False
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def on_start(self) -> None:
+        if not self.valid:
+            return
+        meta = self._read_meta()
+        if meta is not None:
+            self._mark_exists()
+            self.paused = bool(meta.get("paused", False))
+            self.channels = {c: bool(v.get("paused", False))
+                             for c, v in meta.get("channels", {}).items()
+                             if is_valid_channel_name(c)}
+        if not self.ephemeral:
+            depth, _ = self.ask(self.dq, DqOpen(), timeout=30)
+            self.disk_depth = depth
+        for channel, paused in self.channels.items():
+            self._channel(channel, "hello")
+            if paused:
+                self._channel(channel, "pause")
+        self._drain()
+
+    def on_stop(self) -> None:
+        kept = list(self.memory) + [m for m, _ in self.deferred]
+        if kept and not self.ephemeral:
+            self.tell(self.dq, DqPut(kept))
+            log.info("%s: wrote %d memory-only messages to disk at shutdown", self.name, len(kept))
+
+    def _read_meta(self) -> dict[str, Any] | None:
+        if self.ephemeral:
+            return None
+        try:
+            with open(self.meta_path, "rb") as f:
+                return json.load(f)
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            log.warning("%s: metadata %s is unreadable; starting without it",
+                        self.name, self.meta_path)
+            return None
+
+    def _mark_exists(self) -> None:
+        if not self.exists:
+            self.exists = True
+            self.tell(self._scanner(), TopicRegister(self.topic))
+
+    def _scanner(self) -> str:
+        return scanner_for(self.topic, self.options.workers)
+
+    def _write_meta(self) -> None:
+        self._mark_exists()
+        if self.ephemeral:
+            return
+        os.makedirs(self.options.data_path, exist_ok=True)
+        meta = {"version": 1, "paused": self.paused,
+                "channels": {c: {"paused": p} for c, p in sorted(self.channels.items())}}
+        write_atomic(self.meta_path, json.dumps(meta, sort_keys=True).encode() + b"\n")
+
+    # ----------------------------------------------------------------- messages
+
+    def on_receive(self, msg: Any) -> Any:
+        match msg:
+            case Publish(bodies=bodies, defer_ms=defer_ms, reply_to=reply_to, corr=corr):
+                token = next(self._tokens) if self.durable_ack else 0
+                expected = 0
+                try:
+                    expected = self._publish(list(bodies), defer_ms, token)
+                    result = None
+                except BrokerError as e:
+                    result = e.to_wire()
+                if expected:  # answered by _stored() when every write is confirmed
+                    self.waiting[token] = _Waiting(
+                        expected, reply_to, corr, None if reply_to else self.defer_reply())
+                    return None
+                if not reply_to:
+                    return result
+                self.tell(reply_to, PublishDone(corr, result))
+            case Stored(token=token, error=error):
+                self._stored(token, error)
+            case PublishEncoded(messages=messages):
+                self._ensure_exists()
+                self.message_count += len(messages)
+                self._route(list(messages))
+            case DqMessages(items=items):
+                self._from_disk(items)
+            case DqReopened():
+                if not self.ephemeral and self.valid:
+                    depth, _ = self.ask(self.dq, DqOpen(), timeout=30)
+                    self.disk_depth = depth
+                    self.reading = False
+                    self._drain()
+            case DqWriteFailed(count=count):
+                self.disk_depth = max(0, self.disk_depth - count)  # never reached the disk
+            case ChannelUp(channel=channel):
+                if channel not in self.channels and is_valid_channel_name(channel):
+                    self.channels[channel] = False
+                    self._write_meta()
+                self._drain()
+            case ChannelGone(channel=channel):
+                self._delete_channel(channel)
+            case TopicCommand(command=command, arg=arg):
+                return self._guard(lambda: self._command(command, arg))
+            case TopicStats(include_clients=include_clients):
+                return self._stats(include_clients)
+            case _:
+                log.warning("%s: unexpected message %r", self.name, msg)
+        return None
+
+    def _guard(self, action: Any) -> Any:
+        try:
+            action()
+        except BrokerError as e:
+            return e.to_wire()
+        return None
+
+    def _ensure_exists(self) -> None:
+        if not self.valid:
+            raise bad_topic(self.topic)
+        if not self.exists:
+            self._write_meta()
+
+    # ------------------------------------------------------------------ publish
+
+    def _publish(self, bodies: list[bytes], defer_ms: int, token: int = 0) -> int:
+        """Validate, encode and hand on a publish; returns how many confirmations to await."""
+        o = self.options
+        verb = "DPUB" if defer_ms else ("MPUB" if len(bodies) > 1 else "PUB")
+        if not self.valid:
+            raise bad_topic(self.topic, verb)
+        if not bodies:
+            raise bad_body(f"{verb} invalid message count 0")
+        sizes = list(map(len, bodies))
+        if min(sizes) == 0:
+            raise bad_message(f"{verb} invalid message body size 0")
+        if max(sizes) > o.max_msg_size:
+            first = next(n for n in sizes if n > o.max_msg_size)
+            raise message_too_big(first, o.max_msg_size, verb)
+        max_defer_ms = int(o.max_req_timeout * 1000)
+        if not 0 <= defer_ms <= max_defer_ms:
+            raise invalid(f"DPUB timeout {defer_ms} out of range 0-{max_defer_ms}")
+        self._ensure_exists()
+        now = self.clock()
+        encoded = self.guids.encode_batch(now, bodies)
+        self.message_count += len(encoded)
+        self.message_bytes += sum(sizes)
+        confirm = (self.name, token) if token else None
+        if defer_ms:
+            due = now + defer_ms * 1_000_000
+            items = [(m, due) for m in encoded]
+            if self.channels:
+                for channel in self.channels:
+                    self.tell(self._channel_name(channel), ChannelPutDeferred(items, confirm))
+                return len(self.channels) if confirm else 0
+            if not confirm:
+                self.deferred.extend(items)
+                return 0
+            # durable and no channel yet: kept on disk as a plain message (the delay is lost)
+        return self._route(encoded, confirm)
+
+    def _route(self, encoded: list[bytes], confirm: tuple[str, int] | None = None) -> int:
+        """Fan out, or keep in memory / on disk; returns the confirmations to await."""
+        if self.channels and not self.paused and not self.memory and not self.disk_depth:
+            self._fanout(encoded, confirm)
+            return len(self.channels) if confirm else 0
+        room = max(0, self.options.mem_queue_size - len(self.memory))
+        if not self.disk_depth:
+            self.memory.extend(encoded[:room])
+            encoded = encoded[room:]
+        if not encoded:
+            return 0
+        if self.ephemeral:
+            self.dropped += len(encoded)
+            return 0
+        self.tell(self.dq, DqPut(encoded, (confirm,) if confirm else ()))
+        self.disk_depth += len(encoded)
+        return 1 if confirm else 0
+
+    def _fanout(self, encoded: list[bytes], confirm: tuple[str, int] | None = None) -> None:
+        for channel in self.channels:
+            self.tell(self._channel_name(channel), ChannelPut(encoded, confirm))
+
+    def _stored(self, token: int, error: tuple[str, str, bool] | None) -> None:
+        """A write confirmed: answer the publish (or ack the drained batch) after the last."""
+        w = self.waiting.get(token)
+        if w is None:
+            return
+        w.outstanding -= 1
+        w.error = w.error or (tuple(error) if error else None)
+        if w.outstanding > 0:
+            return
+        del self.waiting[token]
+        if w.drained is not None:
+            if w.error is None:
+                self.tell(self.dq, DqAck(w.drained))
+        elif w.reply_to:
+            self.tell(w.reply_to, PublishDone(w.corr, w.error))
+        elif w.handle is not None:
+            w.handle.set(w.error)
+
+    def _drain(self) -> None:
+        """Hand what was kept to the channels (when there are channels and no pause)."""
+        if not self.channels or self.paused:
+            return
+        if self.deferred:
+            for channel in self.channels:
+                self.tell(self._channel_name(channel), ChannelPutDeferred(self.deferred))
+            self.deferred = []
+        if self.memory:
+            batch = list(self.memory)
+            self.memory.clear()
+            self._fanout(batch)
+        if self.disk_depth and not self.reading:
+            self.reading = True
+            self.tell(self.dq, DqRead(READ_BATCH, self.name))
+
+    def _from_disk(self, items: list[tuple[int, bytes]]) -> None:
+        self.reading = False
+        self.disk_depth = max(0, self.disk_depth - len(items))
+        if not items:
+            self.disk_depth = 0
+            return
+        if self.channels and not self.paused:
+            if self.durable_ack:  # ack the topic's queue only when the channels have them
+                token = next(self._tokens)
+                self.waiting[token] = _Waiting(len(self.channels),
+                                               drained=[p for p, _ in items])
+                self._fanout([m for _, m in items], (self.name, token))
+            else:
+                self._fanout([m for _, m in items])
+                self.tell(self.dq, DqAck([p for p, _ in items]))
+            self._drain()
+        else:  # paused (or channels gone) meanwhile: leave them on disk for later
+            self.disk_depth += len(items)
+            self.tell(self.dq, DqAck([p for p, _ in items]))
+            self.tell(self.dq, DqPut([m for _, m in items]))
+
+    # ----------------------------------------------------------------- commands
+
+    def _channel_name(self, channel: str) -> str:
+        return f"channel:{self.topic}/{channel}"
+
+    def _channel(self, channel: str, command: str) -> None:
+        self.tell(self._channel_name(channel), ChannelCommand(command))
+
+    def _command(self, command: str, arg: str) -> None:
+        if not self.exists and command not in {"hello", "create_channel"}:
+            raise BrokerError(f"topic {self.topic} not found", code="E_TOPIC_NOT_FOUND")
+        if command in {"create_channel", "delete_channel", "pause_channel", "unpause_channel",
+                       "empty_channel"} and not is_valid_channel_name(arg):
+            raise bad_channel(arg, command.upper())
+        if command == "hello":
+            if not self.valid:
+                raise bad_topic(self.topic, "CREATE")
+            self._ensure_exists()
+        elif command == "create_channel":
+            self._ensure_exists()
+            if arg not in self.channels:
+                self.channels[arg] = False
+                self._write_meta()
+            self._channel(arg, "hello")
+            self._drain()
+        elif command == "delete_channel":
+            if arg not in self.channels:
+                raise BrokerError(f"channel {arg} not found", code="E_CHANNEL_NOT_FOUND")
+            self._delete_channel(arg)
+        elif command in {"pause_channel", "unpause_channel"}:
+            if arg not in self.channels:
+                raise BrokerError(f"channel {arg} not found", code="E_CHANNEL_NOT_FOUND")
+            self.channels[arg] = command == "pause_channel"
+            self._write_meta()
+            self._channel(arg, command.partition("_")[0])
+        elif command == "empty_channel":
+            if arg not in self.channels:
+                raise BrokerError(f"channel {arg} not found", code="E_CHANNEL_NOT_FOUND")
+            self._channel(arg, "empty")
+        elif command in {"pause", "unpause"}:
+            self._ensure_exists()
+            self.paused = command == "pause"
+            self._write_meta()
+            self._drain()
+        elif command == "empty":
+            self.memory.clear()
+            self.deferred.clear()
+            self.disk_depth = 0
+            self.tell(self.dq, DqEmpty())
+        elif command == "delete":
+            self._delete_topic()
+        else:
+            raise invalid(f"unknown topic command {command}")
+
+    def _delete_channel(self, channel: str) -> None:
+        if self.channels.pop(channel, None) is None:
+            return
+        self._channel(channel, "delete")
+        self._write_meta()
+        if self.ephemeral and not self.channels:
+            self._delete_topic()
+
+    def _delete_topic(self) -> None:
+        if self.exists:
+            self.tell(self._scanner(), TopicUnregister(self.topic))
+        for channel in list(self.channels):
+            self._channel(channel, "delete")
+        if not self.ephemeral:
+            self.tell(self.dq, DqDelete())
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.meta_path)
+        self._reset()
+
+    def _stats(self, include_clients: bool) -> dict[str, Any]:
+        channels = []
+        for channel in sorted(self.channels):
+            try:
+                channels.append(self.ask(self._channel_name(channel),
+                                         ChannelStats(include_clients), timeout=5))
+            except Exception as e:
+                channels.append({"channel_name": channel, "error": str(e)})
+        return {
+            "topic_name": self.topic,
+            "depth": len(self.memory) + self.disk_depth,
+            "backend_depth": self.disk_depth,
+            "message_count": self.message_count,
+            "message_bytes": self.message_bytes,
+            "dropped_count": self.dropped,
+            "deferred_count": len(self.deferred),
+            "paused": self.paused,
+            "channels": channels,
+        }

@@ -1,0 +1,65 @@
+"""The actor runtime: pykka actors on a process pool with ZeroMQ mailboxes.
+
+Quick start::
+
+    from dataclasses import dataclass
+    from actors.runtime import Actor, Supervisor, message
+
+    @message
+    @dataclass(frozen=True)
+    class Add:
+        n: int  # amount to add
+
+    class Counter(Actor):
+        def __init__(self, name):
+            super().__init__(name)
+            self.total = 0
+
+        def on_receive(self, msg):
+            if isinstance(msg, Add):
+                self.total += msg.n
+            return self.total
+
+    with Supervisor("/tmp/rt", {"counter": Counter}, workers=2) as rt:
+        rt.tell("counter:a", Add(2))
+        assert rt.ask("counter:a", Add(1), timeout=5) == 3
+
+See ``docs/ACTORS.md``.
+"""
+
+from actors.runtime.actor import Actor
+from actors.runtime.control import ActorInfo, ControlClient, ProcessInfo
+from actors.runtime.errors import (
+    ActorsError,
+    AskTimeout,
+    DebugHooksDisabled,
+    MailboxFull,
+    RemoteActorError,
+    RuntimeNotRunning,
+    UnknownActor,
+)
+from actors.runtime.options import EXIT_ESCALATED, RuntimeOptions
+from actors.runtime.placement import Placement
+from actors.runtime.main import connect
+from actors.runtime.supervisor import Supervisor
+from transport.mailbox.envelope import message
+
+__all__ = [
+    "EXIT_ESCALATED",
+    "Actor",
+    "ActorInfo",
+    "ActorsError",
+    "AskTimeout",
+    "ControlClient",
+    "DebugHooksDisabled",
+    "MailboxFull",
+    "Placement",
+    "ProcessInfo",
+    "RemoteActorError",
+    "RuntimeNotRunning",
+    "RuntimeOptions",
+    "Supervisor",
+    "UnknownActor",
+    "connect",
+    "message",
+]

@@ -1,0 +1,235 @@
+"""The runtime's actor base class and its bounded, batch-aware inbox.
+
+Theory of operation
+-------------------
+Runtime actors are ordinary pykka ``ThreadingActor`` subclasses with three
+additions, all made through pykka's seams rather than by forking its loop:
+
+* ``_create_actor_inbox`` returns the :class:`Mailbox` of the actor's *slot*
+  (see :mod:`actors.runtime.slot`).  The slot outlives actor instances: when an actor
+  crashes, its fresh replacement is constructed on the same mailbox, so the
+  messages queued behind the failing one are not lost.
+* The mailbox is bounded in *messages*, not envelopes.  A :class:`Batch`
+  (what one ZeroMQ envelope or one ``tell_many`` carries) is a single inbox
+  entry, so queue locking is paid once per batch; ``on_receive`` still sees
+  one message at a time.
+* ``_handle_receive`` unpacks batches, counts handled messages for
+  introspection, remembers the unprocessed tail of a batch when a message
+  raises (the replacement instance receives it first), and turns the debug
+  crash hook into an exception raised on the actor's own thread.
+
+Actors talk to other actors by name with :meth:`Actor.tell`,
+:meth:`Actor.tell_many` and :meth:`Actor.ask`; the process's
+:class:`~actors.runtime.endpoint.Endpoint` decides whether the target is local (direct
+inbox put) or remote (ZeroMQ envelope).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import pykka
+from pykka._envelope import Envelope
+from pykka.messages import _ActorStop
+
+from actors.runtime.errors import DebugCrash
+
+if TYPE_CHECKING:
+    from actors.runtime.endpoint import Endpoint
+
+__all__ = ["Actor", "Batch", "Mailbox"]
+
+DEFAULT_MAILBOX_SIZE = 10_000
+
+_constructing = threading.local()
+"""Set by the slot while it calls a factory: the mailbox the new actor must use."""
+
+
+class Batch:
+    """Several messages delivered as one inbox entry (internal, never on the wire)."""
+
+    __slots__ = ("messages",)
+
+    def __init__(self, messages: Sequence[Any]) -> None:
+        self.messages = messages
+
+    def __repr__(self) -> str:
+        return f"Batch({len(self.messages)} messages)"
+
+
+class CrashRequest:
+    """Debug hook: the actor raises :class:`DebugCrash` when it handles this."""
+
+    __slots__ = ()
+
+
+def _size(envelope: Envelope[Any]) -> int:
+    message = envelope.message
+    return len(message.messages) if type(message) is Batch else 1
+
+
+class Mailbox(queue.Queue[Envelope[Any]]):
+    """A ``queue.Queue`` bounded by the number of *messages* it holds.
+
+    ``put`` blocks while ``depth >= maxsize`` (so a batch may overshoot the
+    bound once, by less than its own length).  ``put_front`` and
+    ``put_force`` ignore the bound; the runtime uses them for a crashed
+    batch's tail and for stop requests, which must never be refused.
+    """
+
+    def _init(self, maxsize: int) -> None:
+        self.queue: deque[Envelope[Any]] = deque()
+        self.depth = 0
+        self.current: Envelope[Any] | None = None
+
+    def _qsize(self) -> int:
+        return self.depth
+
+    def _put(self, item: Envelope[Any]) -> None:
+        self.queue.append(item)
+        self.depth += _size(item)
+
+    def _get(self) -> Envelope[Any]:
+        item = self.queue.popleft()
+        self.depth -= _size(item)
+        self.current = item  # read by Actor.defer_reply, on the same (actor's) thread
+        return item
+
+    def put_front(self, item: Envelope[Any]) -> None:
+        """Insert ``item`` at the head, ignoring the bound."""
+        with self.mutex:
+            self.queue.appendleft(item)
+            self.depth += _size(item)
+            self.unfinished_tasks += 1
+            self.not_empty.notify()
+
+    def put_force(self, item: Envelope[Any]) -> None:
+        """Append ``item`` at the tail, ignoring the bound."""
+        with self.mutex:
+            self._put(item)
+            self.unfinished_tasks += 1
+            self.not_empty.notify()
+
+
+class Actor(pykka.ThreadingActor):
+    """Base class of actors hosted by the runtime.
+
+    Subclasses take the actor's name as first constructor argument (factories
+    are called as ``factory(name)``), implement ``on_receive(message)`` and
+    may implement ``on_start`` (recover state; called again after every
+    restart, when ``restart_count`` > 0) and ``on_stop`` (flush and close
+    storage on orderly shutdown).
+
+    A message that raises while being *told* crashes the actor: the slot
+    builds a fresh instance with the same name and arguments.  A message that
+    raises while being *asked* is returned to the asker as an error and the
+    actor keeps running (pykka's semantics).
+    """
+
+    use_daemon_thread: ClassVar[bool] = True
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+        self.handled = 0
+        self.restart_count = 0  # set by the slot before on_start: 0 on first start
+        self._stop_requested = False
+        self._unprocessed: Sequence[Any] = ()
+
+    @staticmethod
+    def _create_actor_inbox() -> Mailbox:  # type: ignore[override]  # pykka seam
+        mailbox: Mailbox | None = getattr(_constructing, "mailbox", None)
+        return mailbox if mailbox is not None else Mailbox(DEFAULT_MAILBOX_SIZE)
+
+    def _handle_receive(self, message: Any) -> Any:
+        if type(message) is Batch:
+            messages = iter(message.messages)
+            on_receive = self.on_receive
+            try:
+                for m in messages:
+                    on_receive(m)
+            except Exception:
+                # The iterator already moved past the failing message.
+                self._unprocessed = tuple(messages)
+                self.handled += len(message.messages) - len(self._unprocessed)
+                raise
+            self.handled += len(message.messages)
+            return None
+        self.handled += 1
+        if type(message) is CrashRequest:
+            msg = f"debug crash requested for {self.name}"
+            raise DebugCrash(msg)
+        if isinstance(message, _ActorStop):
+            self._stop_requested = True
+        return super()._handle_receive(message)
+
+    # -- deferred replies -----------------------------------------------------
+
+    def defer_reply(self) -> Any:
+        """Answer the message being handled later: returns its reply handle (or None).
+
+        Call it from ``on_receive`` of an *asked* message; the ask is then not
+        answered when ``on_receive`` returns, but when ``handle.set(value)``
+        (or ``handle.set_exception(exc_info)``) is called, from this actor's
+        thread, once the work the answer depends on is done -- e.g. a topic
+        that acknowledges a publish only after the disk-queue actors confirm
+        the write.  Returns None for a told message.
+        """
+        envelope = getattr(self.actor_inbox, "current", None)
+        if envelope is None or envelope.reply_to is None:
+            return None
+        handle, envelope.reply_to = envelope.reply_to, None
+        return handle
+
+    # -- messaging by name ----------------------------------------------------
+
+    def tell(self, name: str, message: Any) -> None:
+        """Send ``message`` to actor ``name`` (wherever it lives)."""
+        _endpoint().tell(name, message)
+
+    def tell_many(self, name: str, messages: Sequence[Any]) -> None:
+        """Send a batch to actor ``name`` as one envelope / one inbox entry."""
+        _endpoint().tell_many(name, messages)
+
+    def ask(self, name: str, message: Any, timeout: float | None = None) -> Any:
+        """Send ``message`` to ``name`` and wait for its reply (never ask yourself)."""
+        return _endpoint().ask(name, message, timeout)
+
+
+_endpoint_of_process: Endpoint | None = None
+
+
+def bind_endpoint(endpoint: Endpoint | None) -> None:
+    """Install the process's endpoint (done by the node before any actor starts)."""
+    global _endpoint_of_process  # noqa: PLW0603 - one endpoint per process, by design
+    _endpoint_of_process = endpoint
+
+
+def current_endpoint() -> Endpoint:
+    """This process's endpoint, usable from any thread (protocol servers use it to ask)."""
+    return _endpoint()
+
+
+def _endpoint() -> Endpoint:
+    endpoint = _endpoint_of_process
+    if endpoint is None:
+        msg = "this process hosts no runtime endpoint"
+        raise RuntimeError(msg)
+    return endpoint
+
+
+def construct_on(mailbox: Mailbox, factory: Any, name: str) -> Actor:
+    """Call ``factory(name)`` so that the new actor uses ``mailbox`` as its inbox."""
+    _constructing.mailbox = mailbox
+    try:
+        actor = factory(name)
+    finally:
+        _constructing.mailbox = None
+    if not isinstance(actor, Actor) or actor.actor_inbox is not mailbox:
+        msg = f"factory for {name!r} must return an actors.Actor, got {type(actor).__name__}"
+        raise TypeError(msg)
+    return actor

@@ -1,0 +1,415 @@
+"""A process's messaging hub: tell/ask by name, the dispatcher thread, reply sockets.
+
+Theory of operation
+-------------------
+Every process that takes part in the runtime owns exactly one
+:class:`Endpoint`, named like its node (``gateway``, ``worker-3``,
+``supervisor`` or ``ext-<pid>-<n>`` for external clients).  It binds the
+node's PULL socket (``ipc://<run_dir>/<node>.sock``) and sends through an
+:class:`~transport.mailbox.sockets.Outbox` (one PUSH per thread and destination).
+
+Sending: ``tell_many(name, msgs)`` resolves ``name`` with the
+:class:`~actors.runtime.placement.Placement`.  If this process hosts the actor, the
+batch goes straight into the actor's inbox (no ZeroMQ, no encoding);
+otherwise one envelope carrying the whole batch is encoded and sent.
+
+Receiving: one dispatcher thread reads envelopes in arrival order and hands
+them to the *host* (the node, see :mod:`actors.runtime.node`): a TELL becomes one
+pykka envelope with a :class:`~actors.runtime.actor.Batch`; an ASK becomes a pykka
+envelope whose ``reply_to`` is a :class:`RemoteReply` - a future-like object
+whose ``set``/``set_exception`` encode a reply envelope and send it from the
+*actor's* thread to the asker's reply address.
+
+A thread that asks across processes owns a reply socket
+(:class:`~transport.mailbox.sockets.ReplyInboxes`, ``<node>~<n>``) named in the ASK,
+and waits on it with ``poll(timeout)``: the reply wakes the asking thread
+directly, a late reply to an earlier timed-out ask is recognised by its
+request id and dropped, and a dead or restarting target yields
+:class:`~actors.runtime.errors.AskTimeout`, never a hang.  A request queued while the
+target node was down is still delivered when it rebinds.  Asks between actors
+of the same process use a plain pykka future.
+
+Backpressure: the dispatcher blocks while a target inbox is full.  It then
+stops reading its socket, the ZeroMQ queues fill to their high-water marks
+and remote senders block for at most ``send_timeout`` before
+:class:`~actors.runtime.errors.MailboxFull`; local senders get the same error from
+the inbox itself.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import zmq
+from pykka import ActorDeadError, ThreadingFuture, Timeout
+from pykka._envelope import Envelope as PykkaEnvelope
+
+from actors.runtime.actor import Batch
+from actors.runtime.errors import (
+    ActorsError,
+    AskTimeout,
+    DebugHooksDisabled,
+    MailboxFull,
+    RemoteActorError,
+    RuntimeNotRunning,
+    UnknownActor,
+)
+from actors.runtime.options import RuntimeOptions
+from actors.runtime.placement import Placement
+from actors.runtime.system import SYSTEM
+from transport.mailbox.envelope import ASK, REPLY_ERROR, REPLY_OK, TELL, CodecError, Envelope, registry
+from transport.mailbox.sockets import Outbox, ReplyInboxes, bind_inbox, ipc_address
+
+__all__ = ["Endpoint", "Host", "RemoteReply"]
+
+logger = logging.getLogger(__name__)
+
+_POLL_MS = 100
+_RETRY_DELIVERY = 0.1
+_COALESCE_MAX = 1000
+_KNOWN_ERRORS: dict[str, type[ActorsError]] = {
+    cls.__name__: cls
+    for cls in (UnknownActor, DebugHooksDisabled, MailboxFull, AskTimeout, RuntimeNotRunning)
+}
+_ext_counter = itertools.count()
+
+
+class Host(Protocol):
+    """What an endpoint needs from the node that hosts actors."""
+
+    def deliver(self, name: str, envelope: PykkaEnvelope[Any], timeout: float | None) -> None:
+        """Put ``envelope`` in actor ``name``'s inbox; raise UnknownActor or MailboxFull."""
+
+    def system(self, request: Any) -> Any:
+        """Answer a system request (see :mod:`actors.runtime.system`)."""
+
+
+class RemoteReply:
+    """Stands in for a pykka Future in an envelope that came from another process."""
+
+    __slots__ = ("_endpoint", "_node", "_request_id")
+
+    def __init__(self, endpoint: Endpoint, node: str, request_id: int) -> None:
+        self._endpoint = endpoint
+        self._node = node
+        self._request_id = request_id
+
+    def set(self, value: Any = None) -> None:
+        self._endpoint.reply(self._node, self._request_id, value)
+
+    def set_exception(self, exc_info: Any = None) -> None:
+        exc = (exc_info or sys.exc_info())[1]
+        self._endpoint.reply_error(self._node, self._request_id, exc)
+
+
+def _result(kind: int, payload: Sequence[Any]) -> Any:
+    """Turn a reply envelope's payload into the value, or raise the remote error."""
+    if kind == REPLY_OK:
+        return payload[0]
+    type_name, text = payload
+    known = _KNOWN_ERRORS.get(type_name)
+    raise known(text) if known is not None else RemoteActorError(type_name, text)
+
+
+class Endpoint:
+    """Messaging for one process; ``host`` is None for endpoints that host no actors."""
+
+    def __init__(
+        self,
+        node: str,
+        run_dir: str | os.PathLike[str],
+        placement: Placement,
+        options: RuntimeOptions,
+        host: Host | None = None,
+    ) -> None:
+        self.node = node
+        self.run_dir = os.fspath(run_dir)
+        self.placement = placement
+        self.options = options
+        self.host = host
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self._inbox = bind_inbox(self._ctx, ipc_address(self.run_dir, node), options.hwm)
+        self.outbox = Outbox(self._ctx, self.address_of, options.hwm, options.send_timeout)
+        self._replies = ReplyInboxes(self._ctx, node, self.address_of)
+        self._ids = itertools.count(1)
+        self._coalesce_max = min(_COALESCE_MAX, options.mailbox_size)
+        self._stopping = threading.Event()  # set: the dispatcher stops reading (intake closed)
+        self._closed = False
+        self._dispatcher = threading.Thread(
+            target=self._dispatch_loop, name=f"dispatcher:{node}", daemon=True
+        )
+        self._dispatcher.start()
+
+    @classmethod
+    def external(
+        cls, run_dir: str | os.PathLike[str], placement: Placement, options: RuntimeOptions
+    ) -> Endpoint:
+        """An endpoint for a process that only sends (tests, benchmarks, CLIs)."""
+        return cls(f"ext-{os.getpid()}-{next(_ext_counter)}", run_dir, placement, options)
+
+    def address_of(self, node: str) -> str:
+        return ipc_address(self.run_dir, node)
+
+    # -- sending ----------------------------------------------------------------
+
+    def tell(self, name: str, message: Any) -> None:
+        """Send one message to actor ``name``; MailboxFull if it cannot be queued in time."""
+        self.tell_many(name, (message,))
+
+    def tell_many(self, name: str, messages: Sequence[Any]) -> None:
+        """Send a batch to actor ``name`` as one envelope (one inbox entry locally)."""
+        if not messages:
+            return
+        node = self.placement.node_for(name)
+        if node == self.node and self.host is not None:
+            message = messages[0] if len(messages) == 1 else Batch(messages)
+            self.host.deliver(name, PykkaEnvelope(message), self.options.send_timeout)
+            return
+        self._send(node, registry.encode(TELL, name, self.node, messages))
+
+    def ask(self, name: str, message: Any, timeout: float | None = None) -> Any:
+        """Send ``message`` to ``name`` and return its reply.
+
+        Raises AskTimeout after ``timeout`` (default ``options.ask_timeout``)
+        seconds, RemoteActorError if the actor raised, UnknownActor if no
+        factory knows the name.
+        """
+        node = self.placement.node_for(name)
+        return self._ask(node, name, message, timeout)
+
+    def ask_node(self, node: str, request: Any, timeout: float | None = None) -> Any:
+        """Send a system request to ``node`` and return the reply."""
+        return self._ask(node, SYSTEM, request, timeout)
+
+    def tell_node(self, node: str, request: Any) -> None:
+        """Send a system request to ``node`` without waiting for a reply."""
+        self._send(node, registry.encode(TELL, SYSTEM, self.node, (request,)))
+
+    def _ask(self, node: str, name: str, message: Any, timeout: float | None) -> Any:
+        if timeout is None:
+            timeout = self.options.ask_timeout
+        future: ThreadingFuture[Any] = ThreadingFuture()
+        if node == self.node and self.host is not None:
+            if name == SYSTEM:
+                return self.host.system(message)
+            self.host.deliver(name, PykkaEnvelope(message, reply_to=future), timeout)
+            try:
+                return future.get(timeout=timeout)
+            except Timeout as e:
+                msg = f"no reply from {name} within {timeout}s"
+                raise AskTimeout(msg) from e
+        return self._ask_remote(node, name, message, timeout)
+
+    def _ask_remote(self, node: str, name: str, message: Any, timeout: float) -> Any:
+        """Send an ASK naming this thread's reply socket, then wait on that socket."""
+        try:
+            reply_name, sock = self._replies.get()
+        except zmq.ZMQError as e:
+            raise RuntimeNotRunning(f"endpoint {self.node} is closed") from e
+        request_id = next(self._ids)
+        data = registry.encode(
+            ASK, name, self.node, (message,), reply_to=reply_name, request_id=request_id
+        )
+        self._send(node, data)
+        deadline = time.monotonic() + timeout
+        try:
+            while (remaining := deadline - time.monotonic()) > 0:
+                if not sock.poll(int(remaining * 1000) + 1):
+                    break
+                try:
+                    reply = registry.decode(sock.recv())
+                except CodecError as e:
+                    raise RemoteActorError("CodecError", str(e)) from e
+                if reply.request_id == request_id:
+                    return _result(reply.kind, reply.messages)
+                # else: a late reply to an ask of this thread that timed out
+        except zmq.ZMQError as e:
+            raise RuntimeNotRunning(f"endpoint {self.node} closed while asking") from e
+        msg = f"no reply from {name} on {node} within {timeout}s"
+        raise AskTimeout(msg)
+
+    def _send(self, node: str, data: bytes) -> None:
+        if self._closed:
+            msg = f"endpoint {self.node} is closed"
+            raise RuntimeNotRunning(msg)
+        try:
+            self.outbox.send(node, data)
+        except zmq.Again as e:
+            msg = f"mailbox of node {node} stayed full for {self.options.send_timeout}s"
+            raise MailboxFull(msg) from e
+
+    def reply(self, node: str, request_id: int, value: Any) -> None:
+        """Send the value an actor returned for a remote ask (called on the actor's thread)."""
+        try:
+            data = registry.encode(REPLY_OK, "", self.node, (value,), request_id=request_id)
+        except (TypeError, ValueError) as e:
+            self.reply_error(node, request_id, e)
+            return
+        self._send_reply(node, data)
+
+    def reply_error(self, node: str, request_id: int, exc: BaseException | None) -> None:
+        """Send an exception raised by an asked actor back to the asker."""
+        pair = (type(exc).__name__, str(exc))
+        data = registry.encode(REPLY_ERROR, "", self.node, pair, request_id=request_id)
+        self._send_reply(node, data)
+
+    def _send_reply(self, node: str, data: bytes) -> None:
+        try:
+            self.outbox.send(node, data)
+        except (zmq.Again, zmq.ZMQError):
+            logger.warning("dropped a reply to %s: its mailbox is full or closed", node)
+
+    # -- receiving ------------------------------------------------------------
+
+    def _dispatch_loop(self) -> None:
+        """Read envelopes in arrival order and hand them to the host.
+
+        Told messages are *coalesced*: while more envelopes are waiting on the
+        socket, messages for the same actor accumulate (up to
+        ``_COALESCE_MAX``) and enter its inbox as one batch, so a burst of
+        small tells costs one inbox operation and one thread wake-up instead
+        of one each.  Order per destination is preserved: pending tells for an
+        actor are flushed before an ask to it is delivered.
+        """
+        sock = self._inbox
+        decode = registry.decode
+        stopping = self._stopping
+        pending: dict[str, list[Any]] = {}
+        held = 0
+        try:
+            while not stopping.is_set():
+                try:
+                    data = sock.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    if pending:
+                        self._flush(pending)
+                        held = 0
+                    sock.poll(_POLL_MS)
+                    continue
+                try:
+                    envelope = decode(data)
+                except CodecError as e:
+                    self._reject(e)
+                    continue
+                try:
+                    held = self._route(envelope, pending, held)
+                except Exception:
+                    # A bug must not leave the node deaf: log it and keep reading.
+                    logger.exception("%s: failed to dispatch an envelope", self.node)
+        finally:
+            self.close_thread()
+
+    def _route(self, envelope: Envelope, pending: dict[str, list[Any]], held: int) -> int:
+        """Route one decoded envelope; returns the number of told messages still held."""
+        kind = envelope.kind
+        dest = envelope.dest
+        if kind == TELL:
+            batch = pending.get(dest)
+            if batch is None:
+                pending[dest] = list(envelope.messages)
+            else:
+                batch.extend(envelope.messages)
+            held += len(envelope.messages)
+            if held >= self._coalesce_max:
+                self._flush(pending)
+                return 0
+            return held
+        if kind == ASK:
+            if dest in pending:
+                messages = pending.pop(dest)
+                held -= len(messages)
+                self._dispatch_tell(dest, messages)
+            self._dispatch_ask(dest, envelope.messages[0], envelope.reply_to, envelope.request_id)
+        else:
+            logger.warning("%s: dropped a reply nobody waits for", self.node)
+        return held
+
+    def _flush(self, pending: dict[str, list[Any]]) -> None:
+        for dest, messages in pending.items():
+            self._dispatch_tell(dest, messages)
+        pending.clear()
+
+    def _reject(self, error: CodecError) -> None:
+        header = error.envelope
+        if header is not None and header.kind == ASK and header.reply_to is not None:
+            self.reply_error(header.reply_to, header.request_id, error)
+        logger.error("%s: dropped an undecodable envelope: %s", self.node, error)
+
+    def _dispatch_tell(self, name: str, messages: Sequence[Any]) -> None:
+        host = self.host
+        if host is None:
+            logger.warning("%s hosts no actors; dropped a message for %s", self.node, name)
+            return
+        if name == SYSTEM:
+            for request in messages:
+                try:
+                    host.system(request)
+                except Exception:
+                    logger.exception("%s: system request %r failed", self.node, request)
+            return
+        message = messages[0] if len(messages) == 1 else Batch(messages)
+        self._deliver_blocking(name, PykkaEnvelope(message))
+
+    def _dispatch_ask(self, name: str, message: Any, reply_to: str | None, rid: int) -> None:
+        assert reply_to is not None
+        reply = RemoteReply(self, reply_to, rid)
+        if self.host is None:
+            reply.set_exception((None, UnknownActor(f"{self.node} hosts no actors"), None))
+            return
+        if name == SYSTEM:
+            try:
+                reply.set(self.host.system(message))
+            except Exception as e:
+                reply.set_exception((type(e), e, None))
+            return
+        self._deliver_blocking(name, PykkaEnvelope(message, reply_to=reply))
+
+    def _deliver_blocking(self, name: str, envelope: PykkaEnvelope[Any]) -> None:
+        """Wait (not forever: until shutdown) for room in the target's inbox."""
+        assert self.host is not None
+        while not self._stopping.is_set():
+            try:
+                self.host.deliver(name, envelope, _RETRY_DELIVERY)
+            except MailboxFull:
+                continue
+            except (UnknownActor, ActorDeadError, RuntimeNotRunning) as e:
+                if envelope.reply_to is not None:
+                    envelope.reply_to.set_exception((type(e), e, None))
+                else:
+                    logger.warning("%s: dropped a message for %s: %s", self.node, name, e)
+            return
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def close_thread(self) -> None:
+        """Release the calling thread's sockets (called when an actor thread ends)."""
+        self.outbox.close_thread()
+        self._replies.close_thread()
+
+    def close_intake(self, timeout: float = 2.0) -> None:
+        """Stop reading the inbox socket; sending (e.g. from ``on_stop``) still works."""
+        self._stopping.set()
+        if self._dispatcher is not threading.current_thread():
+            self._dispatcher.join(timeout)
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop the dispatcher, close every socket and terminate the context."""
+        if self._closed:
+            return
+        self.close_intake(timeout)
+        self._closed = True
+        self._inbox.close(linger=0)
+        self.outbox.close()
+        self._replies.close()
+        terminator = threading.Thread(target=self._ctx.term, name="zmq-term", daemon=True)
+        terminator.start()
+        terminator.join(timeout)
+        if terminator.is_alive():
+            logger.warning("%s: zmq context did not terminate within %.1fs", self.node, timeout)

@@ -1,0 +1,236 @@
+"""A node: one child process (gateway or worker) hosting many actors.
+
+Theory of operation
+-------------------
+The supervisor starts each node with ``multiprocessing`` in *spawn* mode (a
+fresh interpreter: no ZeroMQ context or lock inherited from the parent) and
+passes a picklable :class:`NodeSpec`.  :func:`node_main` then
+
+1. ignores SIGINT (the supervisor orchestrates shutdown) and turns SIGTERM
+   into an orderly stop;
+2. creates the :class:`Node` and its :class:`~actors.runtime.endpoint.Endpoint`,
+   binding ``ipc://<run_dir>/<node>.sock`` (replacing the dead predecessor's
+   socket file after a restart);
+3. waits for SIGTERM, then shuts down: stop intake (the dispatcher stops
+   reading), ask every actor to stop *after* the messages already in its
+   inbox (so ``on_stop`` can flush and close storage), join the actor
+   threads until the deadline, close sockets, exit 0.
+
+Actors are created in two ways, both through the per-prefix ``factories``
+(``{"topic": TopicActor, ...}``, each called as ``factory(name)``):
+
+* on demand, when a message arrives for a name this node does not host yet;
+* by an explicit :class:`~actors.runtime.system.Spawn` request, which the supervisor
+  records and replays after the node restarts (so actors that must run
+  without being messaged, e.g. one recovering a queue, come back).
+
+An actor exceeding its restart intensity makes the node exit with
+:data:`~actors.runtime.options.EXIT_ESCALATED`; the supervisor restarts the node.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pykka._envelope import Envelope as PykkaEnvelope
+
+from actors.runtime.actor import Actor, bind_endpoint
+from actors.runtime.endpoint import Endpoint
+from actors.runtime.errors import DebugHooksDisabled, MailboxFull, RuntimeNotRunning, UnknownActor
+from actors.runtime.options import EXIT_ESCALATED, LOG_FORMAT, RuntimeOptions
+from actors.runtime.placement import Placement, split_name
+from actors.runtime.slot import ActorSlot, RestartIntensity
+from actors.runtime.system import Crash, ListActors, Ping, Spawn
+
+__all__ = ["Node", "NodeSpec", "node_main"]
+
+logger = logging.getLogger(__name__)
+
+Factories = Mapping[str, Callable[[str], Actor]]
+
+_GC_THRESHOLDS = (20_000, 20, 20)
+"""Messages are acyclic and short-lived; collecting generation 0 every 700
+allocations (the default) costs a measurable share of a busy node's CPU."""
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """Everything a node process needs; pickled into the child by ``spawn``."""
+
+    node: str
+    """Node name (``gateway`` or ``worker-<i>``); also its socket's file name."""
+    run_dir: str
+    """Directory of the ipc sockets."""
+    options: RuntimeOptions
+    """Runtime options (the worker count fixes placement)."""
+    factories: Factories = field(default_factory=dict)
+    """Actor factories by name prefix (``kind`` of ``kind:key``); ``*`` matches any."""
+    log_level: int = logging.WARNING
+    """Logging level of the child process."""
+    boot: Callable[[str, Placement], list[str]] | None = None
+    """Called as ``boot(node, placement)`` when the node starts (and after every
+    restart): the names it returns are created at once.  The broker uses it to
+    bring back the topics and scanner that live on this node from its data
+    directory, which survives the supervisor too."""
+
+
+class Node:
+    """Hosts actor slots and answers system requests; implements the endpoint's Host."""
+
+    def __init__(self, spec: NodeSpec, escalate: Callable[[str], None] | None = None) -> None:
+        self.spec = spec
+        self.options = spec.options
+        self._factories = dict(spec.factories)
+        self._slots: dict[str, ActorSlot] = {}
+        self._lock = threading.Lock()  # taken only to create slots, never per message
+        self._stopping = False
+        self._escalate = escalate or _exit_escalated
+        self.placement = Placement(spec.options.workers)
+        self.endpoint = Endpoint(spec.node, spec.run_dir, self.placement, spec.options, host=self)
+        bind_endpoint(self.endpoint)
+
+    def boot(self) -> None:
+        """Create the actors named by the spec's boot hook (logged, never fatal)."""
+        if self.spec.boot is None:
+            return
+        try:
+            names = self.spec.boot(self.spec.node, self.placement)
+        except Exception:
+            logger.exception("%s: boot hook failed", self.spec.node)
+            return
+        for name in names:
+            try:
+                self._slots.get(name) or self._create(name)
+            except Exception:
+                logger.exception("%s: could not create %s at boot", self.spec.node, name)
+
+    # -- Host -------------------------------------------------------------------
+
+    def deliver(self, name: str, envelope: PykkaEnvelope[Any], timeout: float | None) -> None:
+        slot = self._slots.get(name) or self._create(name)
+        try:
+            slot.mailbox.put(envelope, timeout=timeout)
+        except queue.Full as e:
+            msg = f"mailbox of {name} stayed full for {timeout}s"
+            raise MailboxFull(msg) from e
+
+    def system(self, request: Any) -> Any:
+        match request:
+            case Ping():
+                return (self.spec.node, os.getpid())
+            case ListActors():
+                return tuple(slot.info() for slot in list(self._slots.values()))
+            case Spawn(name=name):
+                created = name not in self._slots
+                self._slots.get(name) or self._create(name)
+                return created
+            case Crash(name=name):
+                if not self.options.debug_hooks:
+                    msg = "crash is a debug hook: start the runtime with debug_hooks=True"
+                    raise DebugHooksDisabled(msg)
+                slot = self._slots.get(name)
+                if slot is None:
+                    msg = f"no actor {name!r} on {self.spec.node}"
+                    raise UnknownActor(msg)
+                slot.request_crash()
+                return True
+            case _:
+                msg = f"unknown system request {request!r}"
+                raise ValueError(msg)
+
+    # -- slots ------------------------------------------------------------------
+
+    def _factory_for(self, name: str) -> Callable[[str], Actor]:
+        kind = split_name(name)[0]
+        factory = self._factories.get(kind) or self._factories.get("*")
+        if factory is None:
+            msg = f"no actor {name!r} and no factory for prefix {kind!r} on {self.spec.node}"
+            raise UnknownActor(msg)
+        return factory
+
+    def _create(self, name: str) -> ActorSlot:
+        with self._lock:
+            slot = self._slots.get(name)
+            if slot is not None:
+                return slot
+            if self._stopping:
+                msg = f"{self.spec.node} is shutting down"
+                raise RuntimeNotRunning(msg)
+            slot = ActorSlot(
+                name,
+                self._factory_for(name),
+                self.options.mailbox_size,
+                intensity=RestartIntensity(self.options.max_restarts, self.options.restart_window),
+                escalate=self._escalate,
+                on_thread_exit=self.endpoint.close_thread,
+            )
+            self._slots[name] = slot
+        slot.start()
+        return slot
+
+    # -- shutdown -----------------------------------------------------------------
+
+    def shutdown(self, deadline: float) -> bool:
+        """Stop intake, stop every actor after its queued messages, wait until ``deadline``.
+
+        Kinds listed in ``options.stop_order`` stop first, one kind at a time;
+        the rest stop together at the end.  Returns True if every actor
+        thread finished in time.
+        """
+        with self._lock:
+            self._stopping = True
+            slots = list(self._slots.values())
+        self.endpoint.close_intake()
+        order = {kind: i for i, kind in enumerate(self.options.stop_order)}
+        phases: dict[int, list[ActorSlot]] = {}
+        for slot in slots:
+            phases.setdefault(order.get(split_name(slot.name)[0], len(order)), []).append(slot)
+        clean = True
+        for phase in sorted(phases):
+            group = phases[phase]
+            for slot in group:
+                slot.request_stop()
+            for slot in group:  # join every one, even after a straggler
+                clean = slot.join(max(0.0, deadline - time.monotonic())) and clean
+        if not clean:
+            late = [s.name for s in slots if s.alive]
+            logger.warning("%s: actors still running at the deadline: %s", self.spec.node, late)
+        self.endpoint.close(timeout=max(0.1, deadline - time.monotonic()))
+        bind_endpoint(None)
+        return clean
+
+
+def _exit_escalated(name: str) -> None:
+    logger.error("actor %s exceeded its restart intensity: restarting the node", name)
+    logging.shutdown()
+    sys.stderr.flush()
+    os._exit(EXIT_ESCALATED)
+
+
+def node_main(spec: NodeSpec) -> None:
+    """Entry point of a node process (the target of ``multiprocessing.Process``)."""
+    logging.basicConfig(level=spec.log_level, format=LOG_FORMAT.format(node=spec.node))
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda _sig, _frame: stop.set())
+    node = Node(spec)
+    node.boot()
+    gc.freeze()  # objects of the startup phase are never garbage: stop rescanning them
+    gc.set_threshold(*_GC_THRESHOLDS)
+    while not stop.wait(0.5):
+        pass
+    deadline = time.monotonic() + spec.options.shutdown_timeout
+    clean = node.shutdown(deadline)
+    logging.shutdown()
+    # Daemon actor threads that missed the deadline must not keep us alive.
+    os._exit(0 if clean else 1)

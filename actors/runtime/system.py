@@ -1,0 +1,46 @@
+"""System requests a node's dispatcher answers itself (not routed to an actor).
+
+They travel as ordinary envelopes addressed to :data:`SYSTEM`, so the
+supervisor, the control CLI and tests use the same wire as actors do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from transport.mailbox.envelope import message
+
+__all__ = ["SYSTEM", "Crash", "ListActors", "Ping", "Spawn"]
+
+SYSTEM = "$system"
+"""Destination name of system requests; never a valid actor name."""
+
+
+@message
+@dataclass(frozen=True)
+class Ping:
+    """Liveness probe; the reply is ``(node name, pid)``."""
+
+
+@message
+@dataclass(frozen=True)
+class ListActors:
+    """Reply: a tuple of dicts (name, depth, handled, restarts, alive), one per slot."""
+
+
+@message
+@dataclass(frozen=True)
+class Spawn:
+    """Create actor ``name`` on this node if it does not exist yet; reply True if created."""
+
+    name: str
+    """The actor's name; its prefix selects the factory."""
+
+
+@message
+@dataclass(frozen=True)
+class Crash:
+    """Debug hook: make actor ``name`` raise; refused unless debug hooks are on."""
+
+    name: str
+    """The actor to crash."""

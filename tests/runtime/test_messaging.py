@@ -1,0 +1,198 @@
+"""tell / ask by name within and across processes, FIFO per pair, errors."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from actors.runtime import AskTimeout, RemoteActorError, Supervisor, UnknownActor, connect, message
+from actors.runtime.placement import Placement
+from tests.runtime.conftest import wait_until
+from tests.runtime.helpers import Boom, Forward, GetLog, Relay, Seq, Whoami
+
+StartRuntime = Callable[..., Supervisor]
+
+
+def pids(rt: Supervisor) -> dict[str, int | None]:
+    return {p.name: p.pid for p in rt.ps()}
+
+
+def same_node_names(rt: Supervisor, count: int) -> list[str]:
+    """``count`` rec:* names placed on the same worker."""
+    by_node: dict[str, list[str]] = {}
+    for i in range(1000):
+        name = f"rec:{i}"
+        names = by_node.setdefault(rt.placement.node_for(name), [])
+        names.append(name)
+        if len(names) == count:
+            return names
+    raise AssertionError("unreachable")
+
+
+def test_tell_and_ask_reach_actors_in_other_processes(start_runtime: StartRuntime) -> None:
+    rt = start_runtime()
+    # Given actors on a worker and on the gateway
+    rt.tell("rec:a", Seq(1))
+    rt.tell("client:7", Seq(2))
+    # When asked, Then each answers from the process placement chose
+    name, pid, _ = rt.ask("rec:a", Whoami(), timeout=5)
+    assert (name, pid) == ("rec:a", pids(rt)[rt.placement.node_for("rec:a")])
+    assert pid != os.getpid()
+    assert rt.ask("client:7", Whoami(), timeout=5)[1] == pids(rt)["gateway"]
+    # And the earlier tells were handled before the asks (same sender, same actor)
+    assert rt.ask("rec:a", GetLog(), timeout=5) == (1,)
+    assert rt.ask("client:7", GetLog(), timeout=5) == (2,)
+
+
+def test_an_actor_asks_actors_in_its_own_and_in_another_process(
+    start_runtime: StartRuntime,
+) -> None:
+    rt = start_runtime()
+    first, second = same_node_names(rt, 2)
+    node_pid = pids(rt)[rt.placement.node_for(first)]
+    assert rt.ask(first, Forward(second), timeout=5)[:2] == (second, node_pid)
+    assert rt.ask(first, Forward("client:1"), timeout=5)[:2] == ("client:1", pids(rt)["gateway"])
+
+
+def test_ten_thousand_tells_arrive_in_the_order_sent(start_runtime: StartRuntime) -> None:
+    rt = start_runtime()
+    for i in range(10_000):
+        rt.tell("rec:fifo", Seq(i))
+    assert rt.ask("rec:fifo", GetLog(), timeout=20) == tuple(range(10_000))
+
+
+def test_batches_and_single_tells_interleave_in_order(start_runtime: StartRuntime) -> None:
+    rt = start_runtime()
+    expected = []
+    for b in range(100):
+        batch = [Seq(b * 101 + i) for i in range(100)]
+        rt.tell_many("rec:mixed", batch)
+        rt.tell("rec:mixed", Seq(b * 101 + 100))
+        expected += [m.n for m in batch] + [b * 101 + 100]
+    assert rt.ask("rec:mixed", GetLog(), timeout=20) == tuple(expected)
+
+
+def test_actor_to_actor_tells_across_processes_keep_their_order(
+    start_runtime: StartRuntime,
+) -> None:
+    rt = start_runtime()
+    # Given a sender on a worker and a receiver on the gateway
+    assert rt.ask("rec:sender", Relay("client:sink", 10_000), timeout=20) == 10_000
+    # Then the receiver eventually holds all 10,000 numbers in order
+    log = wait_until(
+        lambda: (lg := rt.ask("client:sink", GetLog())) and len(lg) == 10_000 and lg,
+        timeout=20,
+        what="10,000 relayed messages",
+    )
+    assert log == tuple(range(10_000))
+
+
+def test_an_actor_that_raises_on_ask_returns_the_error_and_keeps_running(
+    start_runtime: StartRuntime,
+) -> None:
+    rt = start_runtime()
+    rt.tell("rec:e", Seq(1))
+    with pytest.raises(RemoteActorError, match="RuntimeError: boom"):
+        rt.ask("rec:e", Boom(), timeout=5)
+    assert rt.ask("rec:e", GetLog(), timeout=5) == (1,)
+    (info,) = [a for a in rt.actors() if a.name == "rec:e"]
+    assert info.restarts == 0
+
+
+def test_a_name_without_a_factory_is_an_unknown_actor(start_runtime: StartRuntime) -> None:
+    rt = start_runtime()
+    with pytest.raises(UnknownActor, match="nofactory"):
+        rt.ask("nofactory:x", Whoami(), timeout=5)
+
+
+def test_introspection_lists_processes_and_actors(start_runtime: StartRuntime) -> None:
+    rt = start_runtime()
+    rt.spawn("rec:listed")
+    for i in range(5):
+        rt.tell("rec:listed", Seq(i))
+    rt.ask("rec:listed", GetLog(), timeout=5)
+    roles = {(p.name, p.role, p.alive) for p in rt.ps()}
+    assert roles == {
+        ("supervisor", "supervisor", True),
+        ("gateway", "gateway", True),
+        ("worker-0", "worker", True),
+        ("worker-1", "worker", True),
+    }
+    (info,) = [a for a in rt.actors() if a.name == "rec:listed"]
+    assert (info.node, info.depth, info.handled, info.restarts) == (
+        rt.placement.node_for("rec:listed"),
+        0,
+        6,
+        0,
+    )
+
+
+def test_an_external_process_endpoint_talks_to_a_running_runtime(
+    start_runtime: StartRuntime, run_dir: str
+) -> None:
+    rt = start_runtime()
+    client = connect(run_dir)
+    try:
+        client.tell_many("rec:ext", [Seq(1), Seq(2)])
+        assert client.ask("rec:ext", GetLog(), timeout=5) == (1, 2)
+    finally:
+        client.close()
+    assert rt.ask("rec:ext", GetLog(), timeout=5) == (1, 2)
+
+
+def test_ask_to_a_node_that_does_not_exist_times_out(
+    start_runtime: StartRuntime, run_dir: str
+) -> None:
+    # Given an endpoint that believes in more workers than the runtime has
+    rt = start_runtime(workers=1)
+    client = connect(run_dir)
+    client.placement = Placement(workers=4)
+    names = (f"rec:{i}" for i in range(100))
+    name = next(n for n in names if client.placement.node_for(n) == "worker-3")
+    try:
+        # When it asks an actor on the missing worker, Then it gets a clean timeout
+        with pytest.raises(AskTimeout, match="worker-3"):
+            client.ask(name, Whoami(), timeout=0.3)
+    finally:
+        client.close()
+    assert rt.ask("rec:still-fine", GetLog(), timeout=5) == ()
+
+
+@message
+@dataclass(frozen=True)
+class OnlyInTheTestProcess:
+    """Registered here only: node processes never import this test module."""
+
+
+def test_an_ask_the_receiver_cannot_decode_fails_fast_instead_of_timing_out(
+    start_runtime: StartRuntime,
+) -> None:
+    rt = start_runtime()
+    started = time.monotonic()
+    with pytest.raises(RemoteActorError, match="unknown message tag"):
+        rt.ask("rec:x", OnlyInTheTestProcess(), timeout=10)
+    assert time.monotonic() - started < 5
+
+
+def test_an_actor_can_answer_an_ask_later_with_a_deferred_reply(
+        start_runtime: StartRuntime) -> None:
+    import threading
+
+    from tests.runtime.helpers import Later, Release
+
+    rt = start_runtime()
+    answers: list[int] = []
+    asked = threading.Thread(target=lambda: answers.append(rt.ask("defer:x", Later(), 10)))
+    asked.start()
+    # The ask is not answered by on_receive's return...
+    wait_until(lambda: any(a.name == "defer:x" and a.handled >= 1 for a in rt.actors()),
+               what="the ask to be handled")
+    assert answers == []
+    # ...but when the actor sets the reply it kept.
+    rt.tell("defer:x", Release(7))
+    asked.join(10)
+    assert answers == [7]

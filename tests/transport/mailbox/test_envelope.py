@@ -1,0 +1,170 @@
+"""Envelope codec: bytes in, messages out; no sockets (sans-IO)."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import msgpack
+import pytest
+
+from transport.mailbox.envelope import (
+    ASK,
+    REPLY_OK,
+    TELL,
+    CodecError,
+    MessageRegistry,
+    message,
+    registry,
+)
+
+
+@message
+@dataclass(frozen=True)
+class Put:
+    """A plain frozen dataclass message."""
+
+    seq: int
+    """Sequence number."""
+    body: bytes
+    """Payload."""
+
+
+@message
+@dataclass(frozen=True, slots=True)
+class Slotted:
+    """A slots dataclass message."""
+
+    key: str
+    """Key."""
+    values: tuple[int, ...]
+    """Values (decoded as a tuple)."""
+
+
+@message
+class Point(NamedTuple):
+    """A NamedTuple message."""
+
+    x: int
+    y: int
+
+
+@message
+@dataclass(frozen=True)
+class Empty:
+    """A message without fields."""
+
+
+@message
+@dataclass(frozen=True)
+class Wrapper:
+    """A message with a registered message inside a field."""
+
+    inner: Put
+    """Nested message."""
+
+
+def roundtrip(messages: list[object], kind: int = TELL) -> list[object]:
+    data = registry.encode(kind, "topic:t", "worker-0", messages)
+    envelope = registry.decode(data)
+    assert (envelope.kind, envelope.dest, envelope.sender) == (kind, "topic:t", "worker-0")
+    return list(envelope.messages)
+
+
+def test_a_homogeneous_batch_round_trips_in_order() -> None:
+    batch = [Put(i, b"x" * 100) for i in range(100)]
+    assert roundtrip(batch) == batch
+
+
+def test_every_kind_of_message_class_round_trips() -> None:
+    batch = [Slotted("k", (1, 2)), Point(1, 2), Empty(), Put(1, b"")]
+    decoded = roundtrip(batch)
+    assert decoded == batch
+    assert [type(m) for m in decoded] == [Slotted, Point, Empty, Put]
+
+
+def test_a_mixed_batch_keeps_its_order_across_class_runs() -> None:
+    batch = [Put(1, b"a"), Put(2, b"b"), Point(0, 0), Put(3, b"c"), "raw", 7, Empty()]
+    assert roundtrip(batch) == batch
+
+
+def test_msgpack_native_values_travel_as_raw_messages() -> None:
+    assert roundtrip(["ping", 3, None, {"a": 1}]) == ["ping", 3, None, {"a": 1}]
+
+
+def test_decoded_arrays_are_tuples_so_messages_stay_immutable() -> None:
+    (decoded,) = roundtrip([Slotted("k", (1, 2, 3))])
+    assert isinstance(decoded, Slotted)
+    assert decoded.values == (1, 2, 3)
+
+
+def test_a_registered_message_nested_in_a_field_round_trips() -> None:
+    assert roundtrip([Wrapper(Put(5, b"n"))]) == [Wrapper(Put(5, b"n"))]
+
+
+def test_ask_and_reply_headers_round_trip() -> None:
+    data = registry.encode(
+        ASK, "client:1", "gateway", [Point(1, 2)], reply_to="ext-1", request_id=9
+    )
+    envelope = registry.decode(data)
+    assert (envelope.reply_to, envelope.request_id) == ("ext-1", 9)
+    reply = registry.decode(registry.encode(REPLY_OK, "", "w", [(Point(3, 4), "ok")], request_id=9))
+    assert reply.messages == [(Point(3, 4), "ok")]
+
+
+def test_an_unknown_tag_is_an_error_that_keeps_the_header() -> None:
+    # Given an envelope whose message class the receiver never registered
+    other = MessageRegistry()
+    other.register(Put, tag=12345)
+    data = other.encode(ASK, "topic:t", "w", [Put(1, b"")], reply_to="ext-9", request_id=4)
+    # When it is decoded with the process registry, Then the error names the header
+    with pytest.raises(CodecError) as info:
+        registry.decode(data)
+    assert info.value.envelope is not None
+    assert (info.value.envelope.reply_to, info.value.envelope.request_id) == ("ext-9", 4)
+
+
+@pytest.mark.parametrize("cut", [1, 5, 20])
+def test_truncated_bytes_are_a_codec_error(cut: int) -> None:
+    data = registry.encode(TELL, "topic:t", "w", [Put(1, b"abc")])
+    with pytest.raises(CodecError):
+        registry.decode(data[:-cut])
+
+
+def test_trailing_bytes_are_a_codec_error() -> None:
+    data = registry.encode(TELL, "topic:t", "w", [Put(1, b"abc")])
+    with pytest.raises(CodecError):
+        registry.decode(data + b"\x00")
+
+
+def test_garbage_is_a_codec_error() -> None:
+    with pytest.raises(CodecError):
+        registry.decode(msgpack.packb([1, 2]))
+
+
+def test_tags_derive_from_the_qualified_name_not_registration_order() -> None:
+    first, second = MessageRegistry(), MessageRegistry()
+    first.register(Put)
+    first.register(Point)
+    second.register(Point)
+    second.register(Put)
+    data = first.encode(TELL, "d", "s", [Put(1, b""), Point(1, 1)])
+    assert second.decode(data).messages == [Put(1, b""), Point(1, 1)]
+    tag = zlib.crc32(f"{Put.__module__}.{Put.__qualname__}".encode()) & 0x7FFFFFFF
+    assert msgpack.unpackb(data)[5][0][0] == tag
+
+
+def test_a_tag_collision_between_different_classes_is_rejected() -> None:
+    local = MessageRegistry()
+    local.register(Put, tag=77)
+    with pytest.raises(ValueError, match="already used"):
+        local.register(Point, tag=77)
+
+
+def test_an_unregistered_object_cannot_be_encoded() -> None:
+    class Unregistered:
+        pass
+
+    with pytest.raises(TypeError, match="register"):
+        registry.encode(TELL, "d", "s", [Unregistered()])

@@ -1,0 +1,326 @@
+"""ZeroMQ client protocol codec: frames in, commands out; replies out, replies back in."""
+
+from __future__ import annotations
+
+import struct
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from transport.protocol.commands import (
+    Cls,
+    Command,
+    Dpub,
+    Fin,
+    Heartbeat,
+    Identify,
+    Message,
+    Mpub,
+    Nop,
+    Pub,
+    Rdy,
+    Req,
+    Sub,
+    Touch,
+)
+from transport.protocol.validation import ConnectionState, Limits, ProtocolError, State
+from transport.zmq.codec import (
+    ErrorReply,
+    Messages,
+    Ok,
+    Request,
+    encode_error,
+    encode_heartbeat,
+    encode_identify_reply,
+    encode_messages,
+    encode_ok,
+    encode_request,
+    parse_reply,
+    parse_request,
+)
+
+MSG_ID = b"0a1b2c3d4e5f6789"
+SMALL = Limits(max_msg_size=100, max_body_size=1000, max_rdy_count=50, max_req_timeout=10_000)
+FUZZ = settings(max_examples=300, deadline=None, derandomize=True)
+
+COMMANDS: list[Command] = [
+    Pub("orders", b"hello"),
+    Pub("orders#ephemeral", b"\x00#\xff"),
+    Mpub("orders", (b"a", b"bc", b"d" * 100)),
+    Dpub("orders", 5000, b"later"),
+    Sub("orders", "archive"),
+    Rdy(10),
+    Fin((MSG_ID,)),
+    Fin((MSG_ID, b"fedcba9876543210", MSG_ID)),
+    Req(MSG_ID, 250),
+    Touch(MSG_ID),
+    Cls(),
+    Nop(),
+]
+
+
+def parse(frames: list[bytes], state: ConnectionState | None = None) -> Request:
+    return parse_request(frames, SMALL, state)
+
+
+def error_of(frames: list[bytes], state: ConnectionState | None = None) -> ProtocolError:
+    command = parse(frames, state).command
+    assert isinstance(command, ProtocolError), command
+    return command
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=repr)
+def test_every_command_round_trips_from_client_frames_to_broker_command(command: Command) -> None:
+    assert parse(encode_request(command)) == Request(None, command)
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=repr)
+def test_a_correlation_frame_is_returned_with_the_command(command: Command) -> None:
+    assert parse(encode_request(command, corr=b"#42")) == Request(b"#42", command)
+
+
+def test_the_request_frames_are_the_command_name_then_one_frame_per_argument() -> None:
+    assert encode_request(Dpub("t", 5000, b"x"), corr=b"#7") == [
+        b"#7",
+        b"DPUB",
+        b"t",
+        b"5000",
+        b"x",
+    ]
+    assert encode_request(Fin((MSG_ID, MSG_ID))) == [b"FIN", MSG_ID, MSG_ID]
+    assert encode_request(Mpub("t", (b"a", b"b"))) == [b"MPUB", b"t", b"a", b"b"]
+
+
+def test_a_correlation_frame_must_start_with_a_hash() -> None:
+    with pytest.raises(ValueError, match="correlation"):
+        encode_request(Nop(), corr=b"42")
+
+
+def test_a_correlation_frame_longer_than_256_bytes_is_refused() -> None:
+    error = error_of([b"#" + b"x" * 256, b"NOP"])
+    assert (error.code, error.fatal) == ("E_INVALID", True)
+
+
+def test_a_request_of_only_a_correlation_frame_is_refused() -> None:
+    request = parse([b"#1"])
+    assert request.corr == b"#1"
+    assert isinstance(request.command, ProtocolError)
+
+
+# ---------------------------------------------------------------------------
+# Malformed requests: the same codes and sentences as NSQ V2
+
+BAD_REQUESTS = [
+    ("no frames", [], "E_INVALID", "missing command frame"),
+    ("unknown command", [b"HELLO"], "E_INVALID", "invalid command HELLO"),
+    ("empty command frame", [b""], "E_INVALID", "invalid command "),
+    ("pub without body", [b"PUB", b"t"], "E_INVALID", "PUB insufficient number of parameters"),
+    ("pub with extra", [b"PUB", b"t", b"x", b"y"], "E_INVALID", "PUB too many parameters"),
+    ("nop with extra", [b"NOP", b"x"], "E_INVALID", "NOP too many parameters"),
+    ("cls with extra", [b"CLS", b"x"], "E_INVALID", "CLS too many parameters"),
+    ("bad topic", [b"PUB", b"a b", b"x"], "E_BAD_TOPIC", 'PUB topic name "a b" is not valid'),
+    ("bad channel", [b"SUB", b"t", b""], "E_BAD_CHANNEL", 'SUB channel name "" is not valid'),
+    ("empty pub", [b"PUB", b"t", b""], "E_BAD_MESSAGE", "PUB invalid message body size 0"),
+    ("big pub", [b"PUB", b"t", b"x" * 101], "E_BAD_MESSAGE", "PUB message too big 101 > 100"),
+    ("mpub of none", [b"MPUB", b"t"], "E_INVALID", "MPUB insufficient number of parameters"),
+    ("mpub empty message", [b"MPUB", b"t", b"a", b""], "E_BAD_MESSAGE",
+     "MPUB invalid message(1) body size 0"),
+    ("mpub too big", [b"MPUB", b"t", *[b"x" * 100] * 10], "E_BAD_BODY",
+     "MPUB body too big 1044 > 1000"),
+    ("mpub too many", [b"MPUB", b"t", *[b"x"] * 200], "E_BAD_BODY",
+     "MPUB invalid message count 200"),
+    ("dpub bad delay", [b"DPUB", b"t", b"-5", b"x"], "E_INVALID",
+     "DPUB could not parse timeout -5"),
+    ("dpub long delay", [b"DPUB", b"t", b"10001", b"x"], "E_INVALID",
+     "DPUB timeout 10001 out of range 0-10000"),
+    ("rdy without count", [b"RDY"], "E_INVALID", "RDY insufficient number of parameters"),
+    ("rdy too big", [b"RDY", b"51"], "E_INVALID", "RDY count 51 out of range 0-50"),
+    ("fin without id", [b"FIN"], "E_INVALID", "FIN insufficient number of parameters"),
+    ("fin bad second id", [b"FIN", MSG_ID, b"short"], "E_INVALID",
+     'FIN Invalid Message ID "short"'),
+    ("req bad delay", [b"REQ", MSG_ID, b"x"], "E_INVALID", "REQ could not parse timeout x"),
+    ("touch bad id", [b"TOUCH", b""], "E_INVALID", 'TOUCH Invalid Message ID ""'),
+    ("identify not msgpack", [b"IDENTIFY", b"\xc1"], "E_BAD_BODY",
+     "IDENTIFY failed to decode msgpack body"),
+    ("identify not a map", [b"IDENTIFY", msgpack.packb([1])], "E_BAD_BODY",
+     "IDENTIFY failed to decode msgpack body"),
+    ("identify empty", [b"IDENTIFY", b""], "E_BAD_BODY", "IDENTIFY invalid body size 0"),
+    ("identify no heartbeats", [b"IDENTIFY", msgpack.packb({"heartbeat_interval": -1})],
+     "E_BAD_BODY", "IDENTIFY heartbeat interval (-1) is invalid"),
+    ("auth is not offered", [b"AUTH", b"secret"], "E_INVALID", "invalid command AUTH"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "frames", "code", "text"), BAD_REQUESTS, ids=[case[0] for case in BAD_REQUESTS]
+)
+def test_a_malformed_request_gets_the_nsqd_error_and_is_fatal(
+    name: str, frames: list[bytes], code: str, text: str
+) -> None:
+    error = error_of(frames)
+    assert (error.code, error.text, error.fatal) == (code, text, True)
+
+
+def test_the_correlation_frame_is_kept_when_the_request_is_refused() -> None:
+    assert parse([b"#9", b"PUB", b"bad topic", b"x"]).corr == b"#9"
+
+
+# ---------------------------------------------------------------------------
+# Connection state
+
+
+def test_with_a_state_rdy_before_sub_is_refused() -> None:
+    assert error_of([b"RDY", b"1"], ConnectionState()).text == "cannot RDY in current state"
+
+
+def test_with_a_state_the_state_is_checked_before_the_arguments() -> None:
+    assert error_of([b"FIN", b"short"], ConnectionState()).text == "cannot FIN in current state"
+
+
+def test_with_a_state_sub_then_cls_moves_the_state_and_rdy_after_cls_is_a_nop() -> None:
+    # Given a fresh session
+    state = ConnectionState()
+    # When it subscribes, then consumer commands are allowed
+    assert parse([b"SUB", b"t", b"c"], state).command == Sub("t", "c")
+    assert state.state is State.SUBSCRIBED
+    assert parse([b"RDY", b"5"], state).command == Rdy(5)
+    # When it sends CLS, then RDY is ignored but FIN still works
+    assert parse([b"CLS"], state).command == Cls()
+    assert parse([b"RDY", b"5"], state).command == Nop()
+    assert parse([b"FIN", MSG_ID], state).command == Fin((MSG_ID,))
+    # And a second SUB is refused
+    assert error_of([b"SUB", b"t", b"c"], state).text == "cannot SUB in current state"
+
+
+def test_without_a_state_only_the_frames_are_validated() -> None:
+    assert parse([b"RDY", b"1"]).command == Rdy(1)
+
+
+# ---------------------------------------------------------------------------
+# IDENTIFY
+
+
+def test_identify_answers_ok_with_a_msgpack_map_of_the_negotiated_settings() -> None:
+    frames = encode_request(
+        Identify({"client_id": "c1", "heartbeat_interval": 5000, "msg_timeout": 3000}), b"#1"
+    )
+    corr, event = parse(frames)
+    assert isinstance(event, Identify)
+    reply = encode_identify_reply(corr, event)
+    assert reply[:2] == [b"#1", b"OK"]
+    answer = msgpack.unpackb(reply[2])
+    assert answer["heartbeat_interval"] == 5000
+    assert answer["msg_timeout"] == 3000
+    assert answer["max_rdy_count"] == SMALL.max_rdy_count
+    assert answer["protocol_version"] == 1
+
+
+def test_identify_without_keys_gets_the_defaults() -> None:
+    event = parse([b"IDENTIFY", msgpack.packb({})]).command
+    assert isinstance(event, Identify)
+    assert event.settings.heartbeat_interval == SMALL.client_timeout // 2
+    assert event.settings.msg_timeout == SMALL.msg_timeout
+
+
+# ---------------------------------------------------------------------------
+# Replies
+
+
+def test_replies_are_the_documented_frames() -> None:
+    error = ProtocolError("E_FIN_FAILED", "FIN x failed ID not in flight")
+    assert encode_ok(b"#1") == [b"#1", b"OK"]
+    assert encode_ok(None, b"CLOSE_WAIT") == [b"OK", b"CLOSE_WAIT"]
+    assert encode_error(b"#2", error) == [b"#2", b"ERROR", b"E_FIN_FAILED", error.text.encode()]
+    assert encode_messages([b"m1", b"m2"]) == [b"MESSAGE", b"m1", b"m2"]
+    assert encode_heartbeat() == [b"HEARTBEAT"]
+
+
+def test_every_reply_round_trips_through_the_client_parser() -> None:
+    raw = struct.pack(">qH", 123, 1) + MSG_ID + b"body"
+    assert parse_reply(encode_ok(b"#1")) == Ok(b"#1")
+    assert parse_reply(encode_ok(None, b"CLOSE_WAIT")) == Ok(None, b"CLOSE_WAIT")
+    fin_failed = ProtocolError("E_FIN_FAILED", "FIN x failed")
+    reply = parse_reply(encode_error(b"#3", fin_failed))
+    assert reply == ErrorReply(b"#3", fin_failed)
+    assert isinstance(reply, ErrorReply)
+    assert not reply.error.fatal
+    assert parse_reply(encode_messages([raw, raw])) == Messages(
+        (Message(MSG_ID, 123, 1, b"body"),) * 2
+    )
+    assert parse_reply(encode_heartbeat()) == Heartbeat()
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [
+        [],
+        [b"WHAT"],
+        [b"ERROR", b"E_X"],
+        [b"MESSAGE"],
+        [b"MESSAGE", b"short"],
+        [b"#1", b"HEARTBEAT"],
+    ],
+    ids=[
+        "empty",
+        "unknown",
+        "error without text",
+        "no messages",
+        "short message",
+        "corr heartbeat",
+    ],
+)
+def test_a_malformed_reply_is_a_bad_protocol_error(frames: list[bytes]) -> None:
+    error = parse_reply(frames)
+    assert isinstance(error, ProtocolError)
+    assert error.code == "E_BAD_PROTOCOL"
+
+
+# ---------------------------------------------------------------------------
+# Fuzz
+
+frames_strategy = st.lists(
+    st.one_of(
+        st.sampled_from([b"PUB", b"MPUB", b"DPUB", b"SUB", b"RDY", b"FIN", b"REQ", b"TOUCH",
+                         b"CLS", b"NOP", b"IDENTIFY", b"#1", b"t", MSG_ID, b"5"]),
+        st.binary(max_size=40),
+    ),
+    max_size=6,
+)  # fmt: skip
+
+
+@FUZZ
+@given(frames=frames_strategy, with_state=st.booleans())
+def test_arbitrary_frames_give_a_command_or_a_protocol_error(
+    frames: list[bytes], with_state: bool
+) -> None:
+    state = ConnectionState() if with_state else None
+    corr, command = parse_request(frames, SMALL, state)
+    assert isinstance(command, Command | ProtocolError)
+    assert corr is None or corr.startswith(b"#")
+
+
+@FUZZ
+@given(body=st.binary(max_size=60))
+def test_an_arbitrary_identify_body_never_raises(body: bytes) -> None:
+    _, command = parse([b"IDENTIFY", body])
+    assert isinstance(command, Identify | ProtocolError)
+
+
+@FUZZ
+@given(data=st.dictionaries(st.sampled_from(["heartbeat_interval", "msg_timeout", "sample_rate",
+                                             "client_id", "output_buffer_size", "x"]),
+                            st.one_of(st.integers(-2, 2**40), st.text(max_size=3), st.none(),
+                                      st.booleans(), st.floats())))  # fmt: skip
+def test_arbitrary_identify_maps_are_settled_or_refused_with_bad_body(
+    data: dict[str, object],
+) -> None:
+    _, command = parse([b"IDENTIFY", msgpack.packb(data)])
+    assert isinstance(command, Identify) or command.code == "E_BAD_BODY"
+
+
+@FUZZ
+@given(frames=frames_strategy)
+def test_arbitrary_replies_never_raise(frames: list[bytes]) -> None:
+    assert isinstance(parse_reply(frames), Ok | ErrorReply | Messages | Heartbeat | ProtocolError)

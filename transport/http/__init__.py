@@ -1,0 +1,1 @@
+"""nsqd's HTTP API (aiohttp) and its renderings: Prometheus ``/metrics`` and text ``/stats``."""

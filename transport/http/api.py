@@ -1,0 +1,588 @@
+"""nsqd 1.x's HTTP API as an aiohttp application that talks to an injected broker facade.
+
+Theory of operation
+-------------------
+``transport`` must not import ``actors``, so the web app never sees a topic
+or channel actor.  It talks to a :class:`BrokerFacade` (a
+:class:`typing.Protocol`): ``publish``, ``topic_command``, ``stats``,
+``health`` and ``info``.  The gateway implements the facade on top of the
+broker's actors; tests implement it with a recording fake.
+
+The app owns nothing but HTTP: parsing the query, bounding and splitting
+bodies, validating names, and turning the facade's answers and
+:class:`~transport.protocol.validation.ProtocolError` codes into nsqd's status
+codes and ``{"message": "CODE"}`` bodies (``_PUB_ERRORS``,
+``_COMMAND_ERRORS``).  The order of checks follows nsqd's handlers, so the
+same bad request gets the same first complaint (``/pub``: too big, empty,
+topic, defer).
+
+Facade calls block (an actor ask crosses processes), so every one runs on an
+executor (``loop.run_in_executor``): the :class:`HttpServer`'s own bounded
+pool, or the loop's default one for a bare :func:`make_app`.  The event loop
+only parses and answers.  Bodies are read through :func:`_read_bounded`,
+which stops one byte past the limit, so a client cannot make the server
+buffer more than ``max_msg_size`` (``/pub``) or ``max_body_size``
+(``/mpub``) whatever it sends or claims in ``Content-Length``.
+
+:class:`HttpServer` runs the app on its own thread and event loop (the
+gateway process has its own ZeroMQ loops): :meth:`HttpServer.start` binds
+the socket in the caller's thread (so a busy port raises there and port 0
+is resolved to :attr:`HttpServer.port`), then returns once the app serves;
+:meth:`HttpServer.stop` closes the listener and open connections, waits for
+running handlers (``shutdown_timeout``) and the executor, and joins the
+thread.
+
+Responses follow nsqd's two decorators: ``/ping`` is plain text (``OK`` or
+``NOK - reason`` with 500); every other endpoint is nsqd's "V1" style:
+``X-NSQ-Content-Type: nsq; version=1.0``, JSON bodies for data and errors,
+raw text for ``OK`` and the text stats.  ``/metrics`` (ours) is Prometheus
+text; both it and the text stats are rendered by :mod:`transport.http.metrics`
+from the one facade stats snapshot.  See ``docs/HTTP.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import re
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import Any, Protocol, TypeVar
+
+from aiohttp import web
+
+from transport.http.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from transport.http.metrics import format_stats_text, render_metrics
+from transport.protocol.validation import (
+    Limits,
+    ProtocolError,
+    check_channel,
+    check_message_size,
+    check_mpub_count,
+    check_topic,
+)
+
+__all__ = ["BrokerFacade", "HttpError", "HttpServer", "make_app", "split_binary_mpub"]
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+
+class BrokerFacade(Protocol):
+    """What the HTTP API needs from the broker; every method may block.
+
+    Errors are :class:`ProtocolError` (or anything with a string ``.code``
+    and ``.text``, such as ``actors.broker.errors.BrokerError``) with nsqd's TCP
+    codes; anything else becomes a 500 ``INTERNAL_ERROR``.
+    """
+
+    def publish(self, topic: str, bodies: list[bytes], defer_ms: int = 0) -> None:
+        """Queue ``bodies`` on ``topic`` (created if needed), all or none.
+
+        Raises ``E_BAD_TOPIC``, ``E_BAD_MESSAGE`` (empty or too big),
+        ``E_BAD_BODY``, ``E_INVALID`` (defer out of range), ``E_PUB_FAILED``
+        (exiting, disk full).
+        """
+        ...
+
+    def topic_command(self, topic: str, command: str, channel: str = "") -> None:
+        """``create``, ``delete``, ``empty``, ``pause``, ``unpause`` a topic, or
+        ``create_channel``, ``delete_channel``, ``empty_channel``,
+        ``pause_channel``, ``unpause_channel`` one of its channels.
+
+        Raises ``E_BAD_TOPIC``, ``E_BAD_CHANNEL``, ``E_TOPIC_NOT_FOUND``,
+        ``E_CHANNEL_NOT_FOUND``.
+        """
+        ...
+
+    def stats(self, topic: str | None, channel: str | None,
+              include_clients: bool) -> dict[str, Any]:
+        """nsqd's stats: ``{"topics": [...], "start_time": int, "processes": [...],
+        "actors": [...], ...}``; each topic has ``topic_name``, ``depth``,
+        ``backend_depth``, ``message_count``, ``message_bytes``, ``paused`` and
+        ``channels`` (``channel_name``, ``depth``, ``backend_depth``,
+        ``in_flight_count``, ``deferred_count``, ``message_count``,
+        ``requeue_count``, ``timeout_count``, ``client_count``, ``paused``,
+        ``clients``).  Extra keys are passed through to ``/stats`` JSON.
+        """
+        ...
+
+    def health(self) -> str | None:
+        """None when healthy, else why not (``/ping`` answers ``NOK - <reason>``)."""
+        ...
+
+    def info(self) -> dict[str, Any]:
+        """``version``, ``broadcast_address``, ``hostname``, ``http_port``,
+        ``tcp_port``, ``start_time`` (nsqd's ``/info``)."""
+        ...
+
+
+class HttpError(Exception):
+    """An nsqd-style error answer: ``status`` and the ``{"message": message}`` code."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(status, message)
+        self.status = status
+        self.message = message
+
+
+FACADE = web.AppKey("facade", BrokerFacade)
+LIMITS = web.AppKey("limits", Limits)
+EXECUTOR = web.AppKey("executor", Executor)
+CLOCK: web.AppKey[Callable[[], float]] = web.AppKey("clock")
+HTTP_PORT = web.AppKey("http_port", list[int])
+"""One-item list, filled by :class:`HttpServer` once bound (``/info``'s ``http_port``)."""
+
+_V1_HEADERS = {"X-NSQ-Content-Type": "nsq; version=1.0"}
+_BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
+_DECIMAL = re.compile(r"[+-]?[0-9]{1,18}")
+_READ_CHUNK = 65536
+
+# ProtocolError code -> (status, nsqd's HTTP message) for /pub and /mpub.  Size
+# errors depend on the text ("too big" or empty); PUB failures are 503 EXITING
+# as in nsqd, whose topic.PutMessage error (exiting or a failed disk write)
+# always maps there.
+_PUB_ERRORS: dict[str, tuple[int, str]] = {
+    "E_BAD_TOPIC": (400, "INVALID_TOPIC"),
+    "E_INVALID": (400, "INVALID_DEFER"),
+    "E_PUB_FAILED": (503, "EXITING"),
+    "E_MPUB_FAILED": (503, "EXITING"),
+    "E_DPUB_FAILED": (503, "EXITING"),
+}
+_COMMAND_ERRORS: dict[str, tuple[int, str]] = {
+    "E_BAD_TOPIC": (400, "INVALID_TOPIC"),
+    "E_BAD_CHANNEL": (400, "INVALID_CHANNEL"),
+    "E_TOPIC_NOT_FOUND": (404, "TOPIC_NOT_FOUND"),
+    "E_CHANNEL_NOT_FOUND": (404, "CHANNEL_NOT_FOUND"),
+}
+
+
+# ---------------------------------------------------------------------------
+# Responses
+
+
+def _json_body(data: Any) -> bytes:
+    return json.dumps(data, separators=(",", ":"), default=str).encode()
+
+
+def _v1(data: Any = None, status: int = 200) -> web.Response:
+    """nsqd's ``RespondV1``: text as is, anything else as JSON, with the V1 header."""
+    if data is None:
+        return web.Response(status=status, body=b"", headers=_V1_HEADERS)
+    if isinstance(data, str):
+        return web.Response(status=status, text=data, headers=_V1_HEADERS)
+    return web.Response(status=status, body=_json_body(data), headers=_V1_HEADERS,
+                        content_type="application/json", charset="utf-8")
+
+
+def _v1_error(status: int, message: str, headers: Mapping[str, str] | None = None,
+              ) -> web.Response:
+    response = _v1({"message": message}, status)
+    if headers:
+        response.headers.update(headers)
+    return response
+
+
+@web.middleware
+async def _errors(request: web.Request,
+                  handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+                  ) -> web.StreamResponse:
+    """nsqd's answers for :class:`HttpError`, unknown paths, wrong methods and crashes."""
+    try:
+        return await handler(request)
+    except HttpError as e:
+        return _v1_error(e.status, e.message)
+    except web.HTTPNotFound:
+        return _v1_error(404, "NOT_FOUND")
+    except web.HTTPMethodNotAllowed as e:
+        return _v1_error(405, "METHOD_NOT_ALLOWED", {"Allow": ", ".join(sorted(e.allowed_methods))})
+    except web.HTTPException:
+        raise
+    except Exception:
+        logger.exception("HTTP %s %s failed", request.method, request.path_qs)
+        return _v1_error(500, "INTERNAL_ERROR")
+
+
+# ---------------------------------------------------------------------------
+# Helpers
+
+
+async def _call(request: web.Request, fn: Callable[..., _T], *args: Any) -> _T:
+    """Run a blocking facade call on the app's executor."""
+    loop = asyncio.get_running_loop()
+    executor = request.app.get(EXECUTOR)
+    return await loop.run_in_executor(executor, functools.partial(fn, *args))
+
+
+def _error_code(exc: BaseException) -> tuple[str, str] | None:
+    """``(code, text)`` of a protocol-style error, None for anything else."""
+    code = getattr(exc, "code", None)
+    if isinstance(exc, ProtocolError) or isinstance(code, str):
+        return str(code), str(getattr(exc, "text", ""))
+    return None
+
+
+def _map_error(exc: Exception, table: Mapping[str, tuple[int, str]], what: str) -> HttpError:
+    """The :class:`HttpError` for a facade error (500 ``INTERNAL_ERROR`` if unknown)."""
+    pair = _error_code(exc)
+    if pair is not None:
+        code, text = pair
+        if code in table:
+            status, message = table[code]
+            if status >= 500:
+                logger.warning("HTTP %s failed: %s %s", what, code, text)
+            return HttpError(status, message)
+        too_big = "too big" in text
+        if code == "E_BAD_MESSAGE":
+            return HttpError(413, "MSG_TOO_BIG") if too_big else HttpError(400, "MSG_EMPTY")
+        if code == "E_BAD_BODY":
+            return HttpError(413, "BODY_TOO_BIG") if too_big else HttpError(400, "BAD_BODY")
+    logger.error("HTTP %s failed: %r", what, exc)
+    return HttpError(500, "INTERNAL_ERROR")
+
+
+async def _read_bounded(request: web.Request, limit: int) -> bytes | None:
+    """The request body, or None if it is longer than ``limit`` (reading stops there)."""
+    length = request.content_length
+    if length is not None and length > limit:
+        return None
+    buf = bytearray()
+    while True:
+        chunk = await request.content.read(min(_READ_CHUNK, limit + 1 - len(buf)))
+        if not chunk:
+            return bytes(buf)
+        buf += chunk
+        if len(buf) > limit:
+            return None
+
+
+def _topic_arg(request: web.Request) -> str:
+    """The ``topic`` query argument, validated (nsqd's first value wins)."""
+    if "topic" not in request.query:
+        raise HttpError(400, "MISSING_ARG_TOPIC")
+    try:
+        return check_topic(request.query["topic"].encode("utf-8"), "HTTP")
+    except ProtocolError:
+        raise HttpError(400, "INVALID_TOPIC") from None
+
+
+def _channel_arg(request: web.Request) -> str:
+    if "channel" not in request.query:
+        raise HttpError(400, "MISSING_ARG_CHANNEL")
+    try:
+        return check_channel(request.query["channel"].encode("utf-8"), "HTTP")
+    except ProtocolError:
+        raise HttpError(400, "INVALID_CHANNEL") from None
+
+
+def _defer_arg(request: web.Request, limits: Limits) -> int:
+    """``defer`` in ms: a decimal within ``0..max_req_timeout`` (nsqd's ``INVALID_DEFER``)."""
+    raw = request.query.get("defer")
+    if raw is None:
+        return 0
+    if not _DECIMAL.fullmatch(raw):
+        raise HttpError(400, "INVALID_DEFER")
+    value = int(raw)
+    if value < 0 or value > limits.max_req_timeout:
+        raise HttpError(400, "INVALID_DEFER")
+    return value
+
+
+def split_binary_mpub(body: bytes, limits: Limits) -> list[bytes]:
+    """``[4B count]([4B size][body])*`` into bodies; ``ProtocolError`` as nsqd's ``readMPUB``.
+
+    ``E_BAD_BODY`` for a missing or impossible count and for bytes left over
+    after the last message (nsqd ignores those); ``E_BAD_MESSAGE`` for a
+    missing, non-positive or too-big size and for a truncated message.
+    """
+    if len(body) < 4:
+        raise ProtocolError("E_BAD_BODY", "MPUB failed to read message count")
+    count = int.from_bytes(body[:4], "big", signed=True)
+    check_mpub_count(count, limits)
+    bodies: list[bytes] = []
+    pos, end = 4, len(body)
+    for i in range(count):
+        if pos + 4 > end:
+            raise ProtocolError("E_BAD_MESSAGE", f"MPUB failed to read message({i}) body size")
+        size = int.from_bytes(body[pos : pos + 4], "big", signed=True)
+        check_message_size(size, "MPUB", limits, i)
+        pos += 4
+        if pos + size > end:
+            raise ProtocolError("E_BAD_MESSAGE", "MPUB failed to read message body")
+        bodies.append(body[pos : pos + size])
+        pos += size
+    if pos != end:
+        msg = f"MPUB body has {end - pos} bytes after its {count} messages"
+        raise ProtocolError("E_BAD_BODY", msg)
+    return bodies
+
+
+def _split_lines(body: bytes, limits: Limits) -> list[bytes]:
+    """Newline-separated messages; empty lines are skipped as in nsqd."""
+    bodies = [line for line in body.split(b"\n") if line]
+    if any(len(line) > limits.max_msg_size for line in bodies):
+        raise HttpError(413, "MSG_TOO_BIG")
+    return bodies
+
+
+# ---------------------------------------------------------------------------
+# Handlers
+
+
+async def _ping(request: web.Request) -> web.Response:
+    reason = await _call(request, request.app[FACADE].health)
+    if reason is None:
+        return web.Response(text="OK")
+    return web.Response(status=500, text=f"NOK - {reason}")
+
+
+async def _info(request: web.Request) -> web.Response:
+    info = dict(await _call(request, request.app[FACADE].info))
+    bound = request.app[HTTP_PORT]
+    if bound and not info.get("http_port"):
+        info["http_port"] = bound[0]
+    return _v1(info)
+
+
+async def _pub(request: web.Request) -> web.Response:
+    limits = request.app[LIMITS]
+    body = await _read_bounded(request, limits.max_msg_size)
+    if body is None:
+        raise HttpError(413, "MSG_TOO_BIG")
+    if not body:
+        raise HttpError(400, "MSG_EMPTY")
+    topic = _topic_arg(request)
+    defer_ms = _defer_arg(request, limits)
+    try:
+        await _call(request, request.app[FACADE].publish, topic, [body], defer_ms)
+    except Exception as e:
+        raise _map_error(e, _PUB_ERRORS, "PUB") from e
+    return _v1("OK")
+
+
+async def _mpub(request: web.Request) -> web.Response:
+    limits = request.app[LIMITS]
+    if request.content_length is not None and request.content_length > limits.max_body_size:
+        raise HttpError(413, "BODY_TOO_BIG")
+    topic = _topic_arg(request)
+    body = await _read_bounded(request, limits.max_body_size)
+    if body is None:
+        raise HttpError(413, "BODY_TOO_BIG")
+    binary = request.query.get("binary")
+    if binary is not None and _BOOL_PARAMS.get(binary.lower(), True):
+        try:
+            bodies = split_binary_mpub(body, limits)
+        except ProtocolError as e:
+            raise HttpError(413, e.code.removeprefix("E_")) from None
+    else:
+        bodies = _split_lines(body, limits)
+    if not bodies:
+        return _v1("OK")  # nsqd: a body of empty lines publishes nothing and succeeds
+    try:
+        await _call(request, request.app[FACADE].publish, topic, bodies, 0)
+    except Exception as e:
+        raise _map_error(e, _PUB_ERRORS, "MPUB") from e
+    return _v1("OK")
+
+
+_Handler = Callable[[web.Request], Awaitable[web.Response]]
+
+
+def _command_handler(command: str, *, channel: bool) -> _Handler:
+    async def handler(request: web.Request) -> web.Response:
+        topic = _topic_arg(request)
+        channel_name = _channel_arg(request) if channel else ""
+        try:
+            await _call(request, request.app[FACADE].topic_command, topic, command, channel_name)
+        except Exception as e:
+            raise _map_error(e, _COMMAND_ERRORS, f"{request.path}") from e
+        return _v1()
+
+    handler.__name__ = f"_{command}"
+    return handler
+
+
+def _collect_stats(facade: BrokerFacade, topic: str | None, channel: str | None,
+                   include_clients: bool) -> tuple[dict[str, Any], str | None, str]:
+    """Stats filtered as nsqd filters them, health and version (one executor job)."""
+    stats = dict(facade.stats(topic, channel, include_clients))
+    health = facade.health()
+    version = stats.get("version") or facade.info().get("version", "")
+    topics = []
+    for t in stats.get("topics") or ():
+        if topic and t.get("topic_name") != topic:
+            continue
+        channels = [c for c in t.get("channels") or ()
+                    if not (topic and channel) or c.get("channel_name") == channel]
+        if not include_clients:  # keep the count, drop the list
+            channels = [{**c, "client_count": c.get("client_count", len(c.get("clients") or ())),
+                         "clients": []} for c in channels]
+        topics.append({**t, "channels": channels})
+    stats["topics"] = topics
+    return stats, health, str(version)
+
+
+async def _stats(request: web.Request) -> web.Response:
+    q = request.query
+    include_clients = _BOOL_PARAMS.get(q.get("include_clients", ""), True)
+    facade, now = request.app[FACADE], request.app[CLOCK]
+
+    def work() -> str | dict[str, Any]:
+        stats, health, version = _collect_stats(
+            facade, q.get("topic") or None, q.get("channel") or None, include_clients)
+        health_text = "OK" if health is None else f"NOK - {health}"
+        if q.get("format") != "json":
+            return format_stats_text(stats, health_text, version, now())
+        out: dict[str, Any] = {"version": version, "health": health_text,
+                               "start_time": stats.get("start_time", 0), "producers": []}
+        out.update(stats)  # nsqd's keys first, then everything the facade adds
+        out["health"] = health_text  # always from health(), in nsqd's "NOK - reason" form
+        return out
+
+    return _v1(await _call(request, work))
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    facade = request.app[FACADE]
+
+    def work() -> str:
+        stats, health, version = _collect_stats(facade, None, None, False)
+        return render_metrics(stats, health=health, version=version)
+
+    text = await _call(request, work)
+    return web.Response(body=text.encode(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+
+# ---------------------------------------------------------------------------
+# The app and its server
+
+
+def make_app(facade: BrokerFacade, limits: Limits | None = None, *,
+             executor: Executor | None = None,
+             clock: Callable[[], float] = time.time) -> web.Application:
+    """The nsqd HTTP API over ``facade``.
+
+    ``executor`` runs the blocking facade calls (None: the loop's default
+    executor); ``clock`` gives wall-clock seconds for the text stats' uptime.
+    """
+    app = web.Application(middlewares=[_errors])
+    app[FACADE] = facade
+    app[LIMITS] = limits or Limits()
+    if executor is not None:
+        app[EXECUTOR] = executor
+    app[CLOCK] = clock
+    app[HTTP_PORT] = []
+    get = functools.partial(app.router.add_get, allow_head=False)
+    get("/ping", _ping)
+    get("/info", _info)
+    get("/stats", _stats)
+    get("/metrics", _metrics)
+    app.router.add_post("/pub", _pub)
+    app.router.add_post("/mpub", _mpub)
+    for command in ("create", "delete", "empty", "pause", "unpause"):
+        app.router.add_post(f"/topic/{command}", _command_handler(command, channel=False))
+        app.router.add_post(f"/channel/{command}",
+                            _command_handler(f"{command}_channel", channel=True))
+    return app
+
+
+class HttpServer:
+    """Serves :func:`make_app` on its own thread and event loop.
+
+    ``start()`` returns once the socket listens (``port=0`` picks a free
+    port, then :attr:`port` tells which); ``stop()`` returns True if the
+    thread ended within ``timeout``.  Facade calls run on a pool of
+    ``max_workers`` threads, which bounds how many can block at once.
+    """
+
+    def __init__(self, facade: BrokerFacade, limits: Limits | None = None,
+                 host: str = "127.0.0.1", port: int = 4151, *, max_workers: int = 8,
+                 shutdown_timeout: float = 2.0) -> None:
+        self.facade = facade
+        self.limits = limits or Limits()
+        self.host = host
+        self.port = port
+        self.max_workers = max_workers
+        self.shutdown_timeout = shutdown_timeout
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    def start(self, timeout: float = 10.0) -> HttpServer:
+        """Bind, start the thread, and return once requests are served."""
+        if self._thread is not None:
+            msg = "HttpServer already started"
+            raise RuntimeError(msg)
+        self._ready, self._error = threading.Event(), None
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.create_server((self.host, self.port), family=family, backlog=128)
+        self.port = sock.getsockname()[1]
+        self._thread = threading.Thread(target=self._run, args=(sock,),
+                                        name=f"http-api:{self.port}", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout) or self._error is not None:
+            self.stop()
+            msg = f"HTTP API did not start on {self.host}:{self.port}"
+            raise RuntimeError(msg) from self._error
+        logger.info("HTTP API listening on %s:%d", self.host, self.port)
+        return self
+
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Stop serving and join the thread; False if it is still running after ``timeout``."""
+        thread, loop, stopping = self._thread, self._loop, self._stopping
+        if thread is None:
+            return True
+        if loop is not None and stopping is not None:
+            with contextlib.suppress(RuntimeError):  # the loop already closed
+                loop.call_soon_threadsafe(stopping.set)
+        thread.join(timeout)
+        if thread.is_alive():
+            logger.warning("HTTP API thread did not stop within %.1fs", timeout)
+            return False
+        self._thread = None
+        return True
+
+    def __enter__(self) -> HttpServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _run(self, sock: socket.socket) -> None:
+        loop = asyncio.new_event_loop()
+        executor = ThreadPoolExecutor(self.max_workers, thread_name_prefix="http-api-facade")
+        try:
+            loop.run_until_complete(self._serve(loop, sock, executor))
+        except BaseException as e:
+            self._error = e
+            logger.exception("HTTP API server failed")
+        finally:
+            self._ready.set()
+            sock.close()
+            executor.shutdown(wait=True, cancel_futures=True)
+            loop.run_until_complete(loop.shutdown_default_executor())
+            loop.close()
+
+    async def _serve(self, loop: asyncio.AbstractEventLoop, sock: socket.socket,
+                     executor: Executor) -> None:
+        self._loop = loop
+        self._stopping = asyncio.Event()
+        app = make_app(self.facade, self.limits, executor=executor)
+        app[HTTP_PORT].append(self.port)
+        runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=self.shutdown_timeout)
+        await runner.setup()
+        try:
+            await web.SockSite(runner, sock).start()
+            self._ready.set()
+            await self._stopping.wait()
+        finally:
+            await runner.cleanup()

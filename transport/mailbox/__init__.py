@@ -1,0 +1,1 @@
+"""How actors talk between processes: msgpack envelopes and ZeroMQ mailbox sockets."""

@@ -1,0 +1,1 @@
+"""NSQ's TCP protocol V2: the sans-IO codecs (server and client side) and the socket loop."""

@@ -1,0 +1,457 @@
+"""NSQ's TCP protocol V2 as a sans-IO codec: bytes in, commands out; frames out as bytes.
+
+Theory of operation
+-------------------
+**Server side.**  :class:`ServerConnection` is fed whatever the socket read
+(:meth:`~ServerConnection.receive_data`) and asked for one event at a time
+(:meth:`~ServerConnection.next_event`), as in h11.  An event is a command
+from :mod:`transport.protocol.commands` (:class:`Pub`, :class:`Sub`, ...), a
+:class:`ProtocolError` (returned, never raised), :data:`NEED_DATA` (feed more
+bytes) or :data:`CLOSED` (after a fatal error or end of input).  The stream
+is nsqd's::
+
+    "  V2"                                   4-byte magic, once
+    NAME[ PARAM]*\\n                         a command line (\\r\\n tolerated)
+    [4-byte big-endian size][size bytes]     after IDENTIFY, AUTH, PUB, MPUB, DPUB
+
+The decoder is a small machine over one buffer: ``MAGIC -> LINE -> (SIZE ->
+BODY ->) LINE ...``.  A line is checked (name, state, parameter count, topic,
+numbers) as soon as its ``\\n`` arrives, and a declared body size as soon as
+its four bytes arrive, so an oversized body is refused *before* it is
+buffered and a line longer than :attr:`Limits.max_line_size` is refused
+without waiting for its end.  Bytes after an event stay buffered for the next.
+Partial input works at any split, down to one byte at a time.
+
+The connection's nsqd state (init, subscribed, closing) is tracked by a
+:class:`ConnectionState`: RDY before SUB or SUB twice is ``E_INVALID cannot
+X in current state``; RDY after CLS becomes a :class:`Nop`.  IDENTIFY is
+validated and negotiated here (:func:`transport.protocol.identify.negotiate_identify`),
+so the :class:`Identify` event carries the settings to apply and the reply to
+send (:func:`encode_identify_response`).
+
+Every error the decoder finds is fatal, as in nsqd: after returning it the
+connection answers only :data:`CLOSED`.  The broker's own errors (``E_FIN_FAILED``
+...) go out through :meth:`ServerConnection.send_error`, which closes the
+decoder only for fatal ones.
+
+**Frames** (broker to client) are ``[4B size][4B type][data]`` where size
+counts the type and data; type 0 is a response (``OK``, ``_heartbeat_``,
+``CLOSE_WAIT``, IDENTIFY's JSON), 1 an error (``E_CODE text``), 2 a message
+(NSQ's message encoding, sent unchanged).
+
+**Client side** is :mod:`transport.nsq.client_codec` (``ClientConnection``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from collections.abc import Callable, Iterable
+from enum import Enum, auto
+
+from transport.protocol.commands import (
+    Auth,
+    Cls,
+    Command,
+    Dpub,
+    Fin,
+    Identify,
+    Mpub,
+    Nop,
+    Pub,
+    Rdy,
+    Req,
+    Sub,
+    Touch,
+)
+from transport.protocol.identify import IdentifySettings, ServerInfo, negotiate_identify
+from transport.protocol.validation import (
+    ConnectionState,
+    Limits,
+    ProtocolError,
+    check_body_size,
+    check_channel,
+    check_delay,
+    check_message_size,
+    check_rdy,
+    check_topic,
+    invalid,
+    invalid_command,
+    parse_decimal,
+    parse_msg_id,
+    split_mpub_body,
+    states_allowing,
+)
+
+__all__ = [
+    "CLOSED",
+    "CLOSE_WAIT_FRAME",
+    "FRAME_TYPE_ERROR",
+    "FRAME_TYPE_MESSAGE",
+    "FRAME_TYPE_RESPONSE",
+    "HEARTBEAT_FRAME",
+    "MAGIC",
+    "NEED_DATA",
+    "OK_FRAME",
+    "Sentinel",
+    "ServerConnection",
+    "encode_error",
+    "encode_frame",
+    "encode_identify_response",
+    "encode_message",
+    "encode_messages",
+    "encode_response",
+]
+
+MAGIC = b"  V2"
+_FIN_STATES = states_allowing("FIN")
+_FIN_RUN = re.compile(rb"(?:FIN .{16}\n)+", re.DOTALL)  # a run of well-formed FIN lines
+_FIN_ID = re.compile(rb"FIN (.{16})\n", re.DOTALL)
+FRAME_TYPE_RESPONSE = 0
+FRAME_TYPE_ERROR = 1
+FRAME_TYPE_MESSAGE = 2
+
+
+class Sentinel(Enum):
+    """The two non-events: more bytes needed, or the connection is over."""
+
+    NEED_DATA = auto()
+    CLOSED = auto()
+
+
+NEED_DATA = Sentinel.NEED_DATA
+"""Not enough bytes for the next event: call ``receive_data`` again."""
+CLOSED = Sentinel.CLOSED
+"""The peer is done (fatal error or end of input): close the socket."""
+
+_FRAME_HEAD = struct.Struct(">ii")
+_SIZE = struct.Struct(">i")
+
+
+# ---------------------------------------------------------------------------
+# Frames (broker -> client)
+
+
+def encode_frame(frame_type: int, data: bytes) -> bytes:
+    """``[4B size][4B type][data]`` with size = 4 + len(data)."""
+    return _FRAME_HEAD.pack(len(data) + 4, frame_type) + data
+
+
+def encode_response(data: bytes = b"OK") -> bytes:
+    """A response frame (type 0)."""
+    return encode_frame(FRAME_TYPE_RESPONSE, data)
+
+
+def encode_error(error: ProtocolError) -> bytes:
+    """An error frame (type 1) carrying ``E_CODE text``."""
+    return encode_frame(FRAME_TYPE_ERROR, error.payload())
+
+
+def encode_message(encoded: bytes) -> bytes:
+    """A message frame (type 2) around an NSQ-encoded message."""
+    return encode_frame(FRAME_TYPE_MESSAGE, encoded)
+
+
+def encode_messages(messages: Iterable[bytes]) -> bytes:
+    """Many message frames in one buffer, for one write."""
+    head = _FRAME_HEAD.pack
+    return b"".join([head(len(m) + 4, FRAME_TYPE_MESSAGE) + m for m in messages])
+
+
+def encode_identify_response(event: Identify) -> bytes:
+    """The answer to IDENTIFY: nsqd's JSON map, or ``OK`` without feature negotiation."""
+    if event.reply is None:
+        return OK_FRAME
+    return encode_response(json.dumps(event.reply, separators=(",", ":")).encode())
+
+
+OK_FRAME = encode_response(b"OK")
+HEARTBEAT_FRAME = encode_response(b"_heartbeat_")
+CLOSE_WAIT_FRAME = encode_response(b"CLOSE_WAIT")
+
+
+# ---------------------------------------------------------------------------
+# Server side: bytes -> commands
+
+
+class _Phase(Enum):
+    MAGIC = auto()
+    LINE = auto()
+    SIZE = auto()
+    BODY = auto()
+    CLOSED = auto()
+
+
+Event = Command | ProtocolError | Sentinel
+
+
+class ServerConnection:
+    """One client connection's decoder and nsqd state; see the module docstring."""
+
+    def __init__(self, limits: Limits | None = None, server: ServerInfo | None = None) -> None:
+        self.limits = limits or Limits()
+        self.server = server or ServerInfo()
+        self.state = ConnectionState()
+        self.settings = IdentifySettings.defaults(self.limits)
+        """The connection's settings; replaced when IDENTIFY succeeds."""
+        self._buf = bytearray()
+        self._pos = 0  # start of unconsumed bytes
+        self._scan = 0  # where the search for "\n" resumes
+        self._phase = _Phase.MAGIC
+        self._eof = False
+        # the body command being read: its name, topic and delay
+        self._body_name = ""
+        self._topic = ""
+        self._delay = 0
+        self._body_size = 0
+
+    @property
+    def closed(self) -> bool:
+        """True once a fatal error was returned or sent."""
+        return self._phase is _Phase.CLOSED
+
+    def receive_data(self, data: bytes) -> None:
+        """Buffer bytes read from the socket; ``b""`` means the client closed its side."""
+        if self._phase is _Phase.CLOSED:
+            return
+        if not data:
+            self._eof = True
+            return
+        if self._pos:
+            del self._buf[: self._pos]
+            self._scan -= self._pos
+            self._pos = 0
+        self._buf += data
+
+    def next_event(self) -> Event:
+        """The next command, a ``ProtocolError``, :data:`NEED_DATA` or :data:`CLOSED`."""
+        if self._phase is _Phase.CLOSED:
+            return CLOSED
+        try:
+            event = self._parse()
+        except ProtocolError as e:
+            if e.fatal:
+                self._close()
+            return e
+        if event is NEED_DATA and self._eof:
+            self._close()
+            return CLOSED
+        return event
+
+    def next_events(self) -> list[Command | ProtocolError]:
+        """Every event the buffered bytes hold (stops after a fatal error).
+
+        Runs of well-formed ``FIN <id>`` lines -- a consumer acking a batch,
+        the commonest traffic there is -- come out as one :class:`Fin` with
+        all their ids, read by a fast path; anything unusual in a FIN line
+        goes through the general parser and gets its exact error.
+        """
+        events: list[Command | ProtocolError] = []
+        fin_states = _FIN_STATES
+        while True:
+            if self._phase is _Phase.LINE and self.state.state in fin_states:
+                ids = self._fast_fins()
+                if ids:
+                    events.append(Fin(tuple(ids)))
+            event = self.next_event()
+            if isinstance(event, Sentinel):
+                return events
+            events.append(event)
+
+    def _fast_fins(self) -> list[bytes]:
+        """Take consecutive ``FIN <16-byte id>\\n`` lines; stop at anything else.
+
+        Two regular-expression passes (the run's extent, then its ids) keep the
+        per-line work in C: a consumer sends one of these lines per message.
+        """
+        run = _FIN_RUN.match(self._buf, self._pos)
+        if run is None:
+            return []
+        ids: list[bytes] = _FIN_ID.findall(self._buf, self._pos, run.end())
+        self._pos = self._scan = run.end()
+        return ids
+
+    def send_error(self, error: ProtocolError) -> bytes:
+        """Encode an error frame; a fatal one also stops the decoder."""
+        if error.fatal:
+            self._close()
+        return encode_error(error)
+
+    def _close(self) -> None:
+        self._phase = _Phase.CLOSED
+        self._buf = bytearray()
+        self._pos = self._scan = 0
+
+    # -- the machine ----------------------------------------------------------
+
+    def _parse(self) -> Command | Sentinel:
+        buf = self._buf
+        while True:
+            phase = self._phase
+            if phase is _Phase.LINE:
+                nl = buf.find(b"\n", self._scan)
+                if nl < 0 or nl - self._pos > self.limits.max_line_size:
+                    if len(buf) - self._pos > self.limits.max_line_size:
+                        msg = f"command line too long (more than {self.limits.max_line_size} bytes)"
+                        raise invalid(msg)
+                    self._scan = len(buf)
+                    return NEED_DATA
+                end = nl - 1 if nl > self._pos and buf[nl - 1] == 0x0D else nl
+                params = bytes(buf[self._pos : end]).split(b" ")
+                self._pos = self._scan = nl + 1
+                handler = _LINE_HANDLERS.get(params[0])
+                if handler is None:
+                    raise invalid_command(params[0])
+                command = handler(self, params)
+                if command is not None:
+                    return command
+            elif phase is _Phase.SIZE:
+                if len(buf) - self._pos < 4:
+                    return NEED_DATA
+                (size,) = _SIZE.unpack_from(buf, self._pos)
+                self._pos += 4
+                _SIZE_CHECKS[self._body_name](size, self._body_name, self.limits)
+                self._body_size = size
+                self._phase = _Phase.BODY
+            elif phase is _Phase.BODY:
+                end = self._pos + self._body_size
+                if len(buf) < end:
+                    return NEED_DATA
+                body = bytes(buf[self._pos : end])
+                self._pos = self._scan = end
+                self._phase = _Phase.LINE
+                return self._finish_body(body)
+            elif phase is _Phase.MAGIC:
+                if len(buf) - self._pos < 4:
+                    return NEED_DATA
+                magic = bytes(buf[self._pos : self._pos + 4])
+                self._pos = self._scan = self._pos + 4
+                if magic != MAGIC:
+                    raise ProtocolError("E_BAD_PROTOCOL")
+                self._phase = _Phase.LINE
+            else:  # pragma: no cover - CLOSED is handled by next_event
+                return CLOSED
+
+    def _expect_body(self, name: str, topic: str = "", delay: int = 0) -> None:
+        self._body_name, self._topic, self._delay = name, topic, delay
+        self._phase = _Phase.SIZE
+
+    def _finish_body(self, body: bytes) -> Command:
+        name = self._body_name
+        if name == "PUB":
+            return Pub(self._topic, body)
+        if name == "MPUB":
+            return Mpub(self._topic, split_mpub_body(body, self.limits))
+        if name == "DPUB":
+            return Dpub(self._topic, self._delay, body)
+        if name == "AUTH":
+            return Auth(body)
+        return self._identify(body)
+
+    def _identify(self, body: bytes) -> Identify:
+        try:
+            data = json.loads(body)
+        except (ValueError, RecursionError) as e:
+            msg = "IDENTIFY failed to decode JSON body"
+            raise ProtocolError("E_BAD_BODY", msg) from e
+        reply, settings = negotiate_identify(data, self.limits, self.server)
+        event = Identify(data, settings, reply)
+        self.settings = settings
+        self.state.apply(event)
+        return event
+
+    # -- one method per command line; None means "a body follows" ------------
+
+    def _on_identify(self, _params: list[bytes]) -> None:
+        self.state.admit("IDENTIFY")
+        self._expect_body("IDENTIFY")
+
+    def _on_auth(self, params: list[bytes]) -> None:
+        self.state.admit("AUTH")
+        if len(params) != 1:
+            raise invalid("AUTH invalid number of parameters")
+        self._expect_body("AUTH")
+
+    def _on_sub(self, params: list[bytes]) -> Command:
+        self.state.admit("SUB")
+        if len(params) < 3:
+            raise invalid("SUB insufficient number of parameters")
+        command = Sub(check_topic(params[1], "SUB"), check_channel(params[2], "SUB"))
+        self.state.apply(command)
+        return command
+
+    def _on_rdy(self, params: list[bytes]) -> Command:
+        if not self.state.admit("RDY"):
+            return Nop()  # RDY after CLS: ignored, as nsqd does
+        count = 1 if len(params) == 1 else parse_decimal(params[1], "RDY", "count")
+        return Rdy(check_rdy(count, self.limits))
+
+    def _on_fin(self, params: list[bytes]) -> Command:
+        self.state.admit("FIN")
+        if len(params) < 2:
+            raise invalid("FIN insufficient number of params")
+        return Fin((parse_msg_id(params[1], "FIN"),))
+
+    def _on_req(self, params: list[bytes]) -> Command:
+        self.state.admit("REQ")
+        if len(params) < 3:
+            raise invalid("REQ insufficient number of params")
+        msg_id = parse_msg_id(params[1], "REQ")
+        delay = parse_decimal(params[2], "REQ", "timeout")
+        return Req(msg_id, check_delay(delay, "REQ", self.limits))
+
+    def _on_touch(self, params: list[bytes]) -> Command:
+        self.state.admit("TOUCH")
+        if len(params) < 2:
+            raise invalid("TOUCH insufficient number of params")
+        return Touch(parse_msg_id(params[1], "TOUCH"))
+
+    def _on_cls(self, _params: list[bytes]) -> Command:
+        self.state.admit("CLS")
+        command = Cls()
+        self.state.apply(command)
+        return command
+
+    def _on_nop(self, _params: list[bytes]) -> Command:
+        return Nop()
+
+    def _on_pub(self, params: list[bytes]) -> None:
+        if len(params) < 2:
+            raise invalid("PUB insufficient number of parameters")
+        self._expect_body("PUB", check_topic(params[1], "PUB"))
+
+    def _on_mpub(self, params: list[bytes]) -> None:
+        if len(params) < 2:
+            raise invalid("MPUB insufficient number of parameters")
+        self._expect_body("MPUB", check_topic(params[1], "MPUB"))
+
+    def _on_dpub(self, params: list[bytes]) -> None:
+        if len(params) < 3:
+            raise invalid("DPUB insufficient number of parameters")
+        topic = check_topic(params[1], "DPUB")
+        delay = check_delay(parse_decimal(params[2], "DPUB", "timeout"), "DPUB", self.limits)
+        self._expect_body("DPUB", topic, delay)
+
+
+_LINE_HANDLERS: dict[bytes, Callable[[ServerConnection, list[bytes]], Command | None]] = {
+    b"PUB": ServerConnection._on_pub,
+    b"MPUB": ServerConnection._on_mpub,
+    b"DPUB": ServerConnection._on_dpub,
+    b"FIN": ServerConnection._on_fin,
+    b"RDY": ServerConnection._on_rdy,
+    b"REQ": ServerConnection._on_req,
+    b"TOUCH": ServerConnection._on_touch,
+    b"NOP": ServerConnection._on_nop,
+    b"SUB": ServerConnection._on_sub,
+    b"CLS": ServerConnection._on_cls,
+    b"IDENTIFY": ServerConnection._on_identify,
+    b"AUTH": ServerConnection._on_auth,
+}
+_SIZE_CHECKS: dict[str, Callable[[int, str, Limits], None]] = {
+    "PUB": check_message_size,
+    "DPUB": check_message_size,
+    "MPUB": check_body_size,
+    "IDENTIFY": check_body_size,
+    "AUTH": check_body_size,
+}

@@ -1,0 +1,225 @@
+"""The NSQ TCP protocol V2's socket loop: asyncio in one thread, one codec per connection.
+
+Theory of operation
+-------------------
+One thread runs an asyncio event loop with a TCP server on
+``--tcp-address``; every connection is an :class:`_Conn` (an
+``asyncio.Protocol``) holding a sans-IO
+:class:`~transport.nsq.codec.ServerConnection`.  Thousands of idle connections
+cost one small object each, not a thread.
+
+Bytes in are fed to the codec; each event is handled on the loop (the FINs
+of one read are merged into one, so a consumer acking a batch costs the
+broker one message, not one per id): the loop
+answers what needs no broker (IDENTIFY's negotiation, SUB's ``OK``, CLS's
+``CLOSE_WAIT``, NOP, protocol errors, AUTH -- answered as nsqd answers with
+auth disabled) and hands every command to the *handler* (the broker's
+bridge).  Other threads (client actors) write through :meth:`TcpServer.send`,
+which hops onto the loop with ``call_soon_threadsafe``.
+
+Heartbeats follow nsqd: every negotiated ``heartbeat_interval`` the server
+sends ``_heartbeat_``, and a connection that sends nothing for two intervals
+(the read deadline) is closed.  A fatal error is written, then the connection
+is closed; either way the handler hears ``on_close(session)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+from typing import Any
+
+from transport.nsq.codec import (
+    CLOSE_WAIT_FRAME,
+    HEARTBEAT_FRAME,
+    OK_FRAME,
+    ServerConnection,
+    encode_error,
+    encode_identify_response,
+)
+from transport.protocol.commands import Auth, Cls, Fin, Handler, Identify, Nop, Sub
+from transport.protocol.identify import ServerInfo
+from transport.protocol.validation import Limits, ProtocolError
+
+log = logging.getLogger(__name__)
+
+_sessions = itertools.count(1)
+
+
+class _Conn(asyncio.Protocol):
+    def __init__(self, server: TcpServer) -> None:
+        self.server = server
+        self.name = f"t{next(_sessions)}"
+        self.codec = ServerConnection(server.limits, server.info)
+        self.transport: asyncio.Transport | None = None
+        self.heartbeat_s = server.limits.client_timeout / 2000
+        self.heard = 0.0
+        self.timer: asyncio.TimerHandle | None = None
+        self.closed = False
+
+    # -- asyncio.Protocol ---------------------------------------------------
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self.server.conns[self.name] = self
+        self.heard = self.server.loop.time()
+        self._schedule()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._close_quietly()
+
+    def data_received(self, data: bytes) -> None:
+        self.heard = self.server.loop.time()
+        self.codec.receive_data(data)
+        fins: list[bytes] = []  # consecutive FINs of one read go to the broker as one
+        for event in self.codec.next_events():
+            if self.closed:
+                return
+            if isinstance(event, Fin):
+                fins.extend(event.ids)
+                continue
+            if fins:
+                self._event(Fin(tuple(fins)))
+                fins = []
+            self._event(event)
+        if fins and not self.closed:
+            self._event(Fin(tuple(fins)))
+
+    def eof_received(self) -> bool | None:
+        self.close()
+        return False
+
+    # -- events -----------------------------------------------------------------
+
+    def _event(self, event: Any) -> None:
+        if isinstance(event, ProtocolError):
+            self.write(encode_error(event))
+            if event.fatal:
+                self.close()
+            return
+        match event:
+            case Nop():
+                return
+            case Identify(settings=settings):
+                self.write(encode_identify_response(event))
+                if settings is not None:
+                    self.heartbeat_s = settings.heartbeat_interval / 1000
+                    self._schedule()
+            case Sub():
+                self.write(OK_FRAME)
+            case Cls():
+                self.write(CLOSE_WAIT_FRAME)
+            case Auth():
+                self.write(encode_error(ProtocolError("E_AUTH_DISABLED", "AUTH disabled")))
+                self.close()
+                return
+        try:
+            self.server.handler.on_command(self.name, None, event)
+        except Exception:  # a broken handler must not take the listener down
+            log.exception("tcp handler failed on %s from %s", type(event).__name__, self.name)
+
+    # -- heartbeats and output -----------------------------------------------------
+
+    def _schedule(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.heartbeat_s > 0 and not self.closed:
+            self.timer = self.server.loop.call_later(self.heartbeat_s, self._beat)
+
+    def _beat(self) -> None:
+        if self.closed:
+            return
+        if self.server.loop.time() - self.heard > 2 * self.heartbeat_s:
+            log.info("tcp client %s sent nothing for two heartbeat intervals: closed", self.name)
+            self.close()
+            return
+        self.write(HEARTBEAT_FRAME)
+        try:
+            self.server.handler.on_heartbeat(self.name)
+        except Exception:
+            log.exception("tcp handler failed on a heartbeat of %s", self.name)
+        self._schedule()
+
+    def write(self, data: bytes) -> None:
+        if not self.closed and self.transport is not None:
+            self.transport.write(data)
+
+    def close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()  # flushes what was written first
+        self._close_quietly()
+
+    def _close_quietly(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.timer is not None:
+            self.timer.cancel()
+        self.server.conns.pop(self.name, None)
+        try:
+            self.server.handler.on_close(self.name)
+        except Exception:
+            log.exception("tcp handler failed closing %s", self.name)
+
+
+class TcpServer:
+    """See the module docstring."""
+
+    def __init__(self, host: str, port: int, handler: Handler, *, limits: Limits,
+                 info: ServerInfo | None = None) -> None:
+        self.host = host
+        self.port = port
+        self.handler = handler
+        self.limits = limits
+        self.info = info or ServerInfo()
+        self.conns: dict[str, _Conn] = {}
+        self.loop = asyncio.new_event_loop()
+        self._server: asyncio.base_events.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> int:
+        """Bind and serve; returns the bound port."""
+        self._server = self.loop.run_until_complete(
+            self.loop.create_server(lambda: _Conn(self), self.host, self.port,
+                                    reuse_address=True, backlog=1024))
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._thread = threading.Thread(target=self.loop.run_forever, name="tcp-server",
+                                        daemon=True)
+        self._thread.start()
+        return self.port
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self._thread is None:
+            self.loop.close()
+            return
+
+        async def _shutdown() -> None:
+            assert self._server is not None
+            self._server.close()
+            for conn in list(self.conns.values()):
+                conn.close()
+            await self._server.wait_closed()
+
+        try:
+            asyncio.run_coroutine_threadsafe(_shutdown(), self.loop).result(timeout)
+        except Exception:
+            log.exception("tcp server shutdown")
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout)
+        self.loop.close()
+
+    def send(self, session: str, data: bytes) -> None:
+        """Write to a connection, from any thread (dropped if it is gone)."""
+        conn = self.conns.get(session)
+        if conn is not None:
+            self.loop.call_soon_threadsafe(conn.write, data)
+
+    def drop(self, session: str) -> None:
+        conn = self.conns.get(session)
+        if conn is not None:
+            self.loop.call_soon_threadsafe(conn.close)
+
+    def sessions(self) -> int:
+        return len(self.conns)

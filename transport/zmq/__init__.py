@@ -1,0 +1,1 @@
+"""Our ZeroMQ client protocol (docs/PROTOCOL.md): the sans-IO codec, the ROUTER loop, framing."""

@@ -1,0 +1,395 @@
+"""Our native ZeroMQ client protocol as a sans-IO codec: frames in, commands out.
+
+Theory of operation
+-------------------
+A client's DEALER talks to the broker's ROUTER; ``docs/PROTOCOL.md`` is the
+full specification.  ZeroMQ already delivers whole multipart messages, so
+there is no stream state: a request is one multipart message and
+:func:`parse_request` turns its frames (after the ROUTER's identity frame)
+into a :class:`Request` ``(corr, command)``::
+
+    [#corr]  NAME  arg ...          e.g.  b"#7" b"PUB" b"orders" b"{...}"
+
+* **Correlation frame.**  If the first frame starts with ``#`` (0x23) it is
+  the client's correlation frame, 1..256 bytes chosen by the client, and the
+  broker echoes it unchanged as the first frame of its OK or ERROR reply to
+  that request.  Command names are upper-case letters, so the two never
+  collide; a client that does not pipeline omits it.
+* **Arguments** are one frame each: names and ids as ASCII, numbers as ASCII
+  decimal, bodies as raw bytes, IDENTIFY's map as msgpack.  FIN takes any
+  number of ids, MPUB any number of bodies.
+
+Validation is :mod:`transport.protocol.validation`'s, shared with NSQ V2, so a
+request gets the same code, sentence and fatality on either protocol.  When
+the caller passes the sender's :class:`ConnectionState`, the same state rules
+apply (``RDY`` before ``SUB`` is fatal; ``RDY`` after ``CLS`` becomes a
+:class:`Nop`).  Errors are *returned* in the :class:`Request`, never raised.
+
+Replies (broker to client) are lists of frames:
+
+* ``[#corr] OK [payload]`` to IDENTIFY (payload: msgpack map), SUB, PUB,
+  MPUB, DPUB and CLS (payload ``CLOSE_WAIT``);
+* ``[#corr] ERROR code text`` (fatal unless the code is ``E_FIN_FAILED``,
+  ``E_REQ_FAILED`` or ``E_TOUCH_FAILED``);
+* ``MESSAGE m1 m2 ...``: one or more deliveries batched in one multipart
+  message, each frame NSQ's message encoding;
+* ``HEARTBEAT``.
+
+:func:`encode_request` and :func:`parse_reply` are the client's inverses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import msgpack
+
+from transport.protocol.commands import (
+    Cls,
+    Command,
+    Dpub,
+    Fin,
+    Heartbeat,
+    Identify,
+    Message,
+    Mpub,
+    Nop,
+    Pub,
+    Rdy,
+    Req,
+    Sub,
+    Touch,
+    decode_message,
+)
+from transport.protocol.identify import IdentifySettings, ServerInfo, identify_settings
+from transport.protocol.validation import (
+    ConnectionState,
+    Limits,
+    ProtocolError,
+    check_body_size,
+    check_channel,
+    check_delay,
+    check_message_size,
+    check_mpub_count,
+    check_rdy,
+    check_topic,
+    invalid,
+    invalid_command,
+    parse_decimal,
+    parse_msg_id,
+)
+
+__all__ = [
+    "CORR_MARKER",
+    "MAX_CORR_SIZE",
+    "PROTOCOL_VERSION",
+    "ErrorReply",
+    "Messages",
+    "Ok",
+    "Reply",
+    "Request",
+    "encode_error",
+    "encode_heartbeat",
+    "encode_identify_reply",
+    "encode_messages",
+    "encode_ok",
+    "encode_request",
+    "identify_reply",
+    "parse_reply",
+    "parse_request",
+]
+
+PROTOCOL_VERSION = 1
+"""Sent as ``protocol_version`` in the IDENTIFY reply."""
+CORR_MARKER = b"#"
+"""First byte of a correlation frame."""
+MAX_CORR_SIZE = 256
+"""Longest correlation frame, marker included."""
+
+_DEFAULT_LIMITS = Limits()
+_DEFAULT_SERVER = ServerInfo()
+
+
+class Request(NamedTuple):
+    """A parsed request: the correlation frame to echo and the command (or its error)."""
+
+    corr: bytes | None
+    """The ``#...`` frame as received, or None."""
+    command: Command | ProtocolError
+
+
+# ---------------------------------------------------------------------------
+# Broker side: frames -> Request
+
+
+def _arity(args: Sequence[bytes], name: str, n: int, *, at_least: bool = False) -> None:
+    if len(args) < n:
+        raise invalid(f"{name} insufficient number of parameters")
+    if len(args) > n and not at_least:
+        raise invalid(f"{name} too many parameters")
+
+
+def identify_reply(
+    settings: IdentifySettings, limits: Limits, server: ServerInfo
+) -> dict[str, Any]:
+    """The map the broker answers IDENTIFY with (all durations in ms)."""
+    return {
+        "protocol_version": PROTOCOL_VERSION,
+        "version": server.version,
+        "max_rdy_count": limits.max_rdy_count,
+        "max_msg_timeout": limits.max_msg_timeout,
+        "msg_timeout": settings.msg_timeout,
+        "heartbeat_interval": settings.heartbeat_interval,
+        "sample_rate": settings.sample_rate,
+        "max_msg_size": limits.max_msg_size,
+        "max_body_size": limits.max_body_size,
+        "max_req_timeout": limits.max_req_timeout,
+        "auth_required": server.auth_required,
+    }
+
+
+def _identify(args: Sequence[bytes], limits: Limits, server: ServerInfo) -> Command:
+    _arity(args, "IDENTIFY", 1)
+    check_body_size(len(args[0]), "IDENTIFY", limits)
+    try:
+        data = msgpack.unpackb(args[0], raw=False)
+    except (ValueError, TypeError, RecursionError, msgpack.UnpackException) as e:
+        raise ProtocolError("E_BAD_BODY", "IDENTIFY failed to decode msgpack body") from e
+    settings = identify_settings(data, limits, allow_no_heartbeats=False, encoding="msgpack")
+    return Identify(data, settings, identify_reply(settings, limits, server))
+
+
+def _sub(args: Sequence[bytes], _limits: Limits, _server: ServerInfo) -> Command:
+    _arity(args, "SUB", 2)
+    return Sub(check_topic(args[0], "SUB"), check_channel(args[1], "SUB"))
+
+
+def _pub(args: Sequence[bytes], limits: Limits, _server: ServerInfo) -> Command:
+    _arity(args, "PUB", 2)
+    topic = check_topic(args[0], "PUB")
+    check_message_size(len(args[1]), "PUB", limits)
+    return Pub(topic, args[1])
+
+
+def _mpub(args: Sequence[bytes], limits: Limits, _server: ServerInfo) -> Command:
+    _arity(args, "MPUB", 2, at_least=True)
+    topic = check_topic(args[0], "MPUB")
+    bodies = tuple(args[1:])
+    check_mpub_count(len(bodies), limits)
+    # the size this batch's body would have on NSQ V2: count, then (size, body)*
+    check_body_size(4 + 4 * len(bodies) + sum(map(len, bodies)), "MPUB", limits)
+    for i, body in enumerate(bodies):
+        check_message_size(len(body), "MPUB", limits, i)
+    return Mpub(topic, bodies)
+
+
+def _dpub(args: Sequence[bytes], limits: Limits, _server: ServerInfo) -> Command:
+    _arity(args, "DPUB", 3)
+    topic = check_topic(args[0], "DPUB")
+    delay = check_delay(parse_decimal(args[1], "DPUB", "timeout"), "DPUB", limits)
+    check_message_size(len(args[2]), "DPUB", limits)
+    return Dpub(topic, delay, args[2])
+
+
+def _rdy(args: Sequence[bytes], limits: Limits, _server: ServerInfo) -> Command:
+    _arity(args, "RDY", 1)
+    return Rdy(check_rdy(parse_decimal(args[0], "RDY", "count"), limits))
+
+
+def _fin(args: Sequence[bytes], _limits: Limits, _server: ServerInfo) -> Command:
+    _arity(args, "FIN", 1, at_least=True)
+    return Fin(tuple(parse_msg_id(a, "FIN") for a in args))
+
+
+def _req(args: Sequence[bytes], limits: Limits, _server: ServerInfo) -> Command:
+    _arity(args, "REQ", 2)
+    msg_id = parse_msg_id(args[0], "REQ")
+    return Req(msg_id, check_delay(parse_decimal(args[1], "REQ", "timeout"), "REQ", limits))
+
+
+def _touch(args: Sequence[bytes], _limits: Limits, _server: ServerInfo) -> Command:
+    _arity(args, "TOUCH", 1)
+    return Touch(parse_msg_id(args[0], "TOUCH"))
+
+
+def _cls(args: Sequence[bytes], _limits: Limits, _server: ServerInfo) -> Command:
+    _arity(args, "CLS", 0)
+    return Cls()
+
+
+def _nop(args: Sequence[bytes], _limits: Limits, _server: ServerInfo) -> Command:
+    _arity(args, "NOP", 0)
+    return Nop()
+
+
+_HANDLERS: dict[bytes, Callable[[Sequence[bytes], Limits, ServerInfo], Command]] = {
+    b"PUB": _pub,
+    b"MPUB": _mpub,
+    b"DPUB": _dpub,
+    b"FIN": _fin,
+    b"RDY": _rdy,
+    b"REQ": _req,
+    b"TOUCH": _touch,
+    b"NOP": _nop,
+    b"SUB": _sub,
+    b"CLS": _cls,
+    b"IDENTIFY": _identify,
+}
+
+
+def parse_request(
+    frames: Sequence[bytes],
+    limits: Limits = _DEFAULT_LIMITS,
+    state: ConnectionState | None = None,
+    server: ServerInfo = _DEFAULT_SERVER,
+) -> Request:
+    """Parse one request's frames (without the ROUTER identity) into ``(corr, command)``.
+
+    With ``state`` the connection rules are enforced and ``state`` advances
+    (SUB, CLS, IDENTIFY); without it the frames are only validated.
+    """
+    corr = None
+    if frames and frames[0][:1] == CORR_MARKER:
+        corr, frames = frames[0], frames[1:]
+        if len(corr) > MAX_CORR_SIZE:
+            msg = f"correlation frame too long ({len(corr)} > {MAX_CORR_SIZE} bytes)"
+            return Request(None, invalid(msg))
+    if not frames:
+        return Request(corr, invalid("missing command frame"))
+    handler = _HANDLERS.get(frames[0])
+    if handler is None:
+        return Request(corr, invalid_command(frames[0]))
+    name = frames[0].decode("ascii")
+    try:
+        if state is not None and not state.admit(name):
+            return Request(corr, Nop())  # RDY after CLS: ignored
+        command = handler(frames[1:], limits, server)
+    except ProtocolError as e:
+        return Request(corr, e)
+    if state is not None:
+        state.apply(command)
+    return Request(corr, command)
+
+
+def encode_ok(corr: bytes | None = None, payload: bytes | None = None) -> list[bytes]:
+    """``[corr] OK [payload]``."""
+    frames = [] if corr is None else [corr]
+    frames.append(b"OK")
+    if payload is not None:
+        frames.append(payload)
+    return frames
+
+
+def encode_identify_reply(corr: bytes | None, event: Identify) -> list[bytes]:
+    """``[corr] OK <msgpack map>`` answering an IDENTIFY parsed by :func:`parse_request`."""
+    return encode_ok(corr, msgpack.packb(event.reply))
+
+
+def encode_error(corr: bytes | None, error: ProtocolError) -> list[bytes]:
+    """``[corr] ERROR code text``."""
+    frames = [] if corr is None else [corr]
+    frames += [b"ERROR", error.code.encode(), error.text.encode("utf-8", "replace")]
+    return frames
+
+
+def encode_messages(messages: Sequence[bytes]) -> list[bytes]:
+    """``MESSAGE m1 m2 ...``: NSQ-encoded messages batched in one multipart message."""
+    return [b"MESSAGE", *messages]
+
+
+_HEARTBEAT = [b"HEARTBEAT"]
+
+
+def encode_heartbeat() -> list[bytes]:
+    """``HEARTBEAT``: the client answers NOP (any request proves it alive)."""
+    return list(_HEARTBEAT)
+
+
+# ---------------------------------------------------------------------------
+# Client side: Command -> frames, frames -> Reply
+
+
+def encode_request(command: Command, corr: bytes | None = None) -> list[bytes]:
+    """The frames of a request; ``corr`` must start with ``#`` if given."""
+    if corr is not None and (corr[:1] != CORR_MARKER or len(corr) > MAX_CORR_SIZE):
+        msg = f"a correlation frame is b'#' plus up to {MAX_CORR_SIZE - 1} bytes, got {corr!r}"
+        raise ValueError(msg)
+    frames = [] if corr is None else [corr]
+    match command:
+        case Pub(topic, body):
+            frames += [b"PUB", topic.encode(), body]
+        case Mpub(topic, bodies):
+            frames += [b"MPUB", topic.encode(), *bodies]
+        case Dpub(topic, delay_ms, body):
+            frames += [b"DPUB", topic.encode(), b"%d" % delay_ms, body]
+        case Fin(ids):
+            frames += [b"FIN", *ids]
+        case Rdy(count):
+            frames += [b"RDY", b"%d" % count]
+        case Req(msg_id, delay_ms):
+            frames += [b"REQ", msg_id, b"%d" % delay_ms]
+        case Touch(msg_id):
+            frames += [b"TOUCH", msg_id]
+        case Sub(topic, channel):
+            frames += [b"SUB", topic.encode(), channel.encode()]
+        case Identify(data):
+            frames += [b"IDENTIFY", msgpack.packb(dict(data))]
+        case Cls():
+            frames.append(b"CLS")
+        case Nop():
+            frames.append(b"NOP")
+        case _:
+            msg = f"not a ZeroMQ protocol command: {command!r}"
+            raise TypeError(msg)
+    return frames
+
+
+@dataclass(frozen=True, slots=True)
+class Ok:
+    """``OK``: the request with this correlation frame succeeded."""
+
+    corr: bytes | None
+    payload: bytes | None = None
+    """IDENTIFY's msgpack map, CLS's ``CLOSE_WAIT``, else None."""
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorReply:
+    """``ERROR``: the request failed; ``error.fatal`` means the session was reset."""
+
+    corr: bytes | None
+    error: ProtocolError
+
+
+@dataclass(frozen=True, slots=True)
+class Messages:
+    """One or more deliveries."""
+
+    messages: tuple[Message, ...]
+
+
+Reply = Ok | ErrorReply | Messages | Heartbeat
+
+
+def parse_reply(frames: Sequence[bytes]) -> Reply | ProtocolError:
+    """Parse a broker reply; a malformed one is a ``ProtocolError`` (``E_BAD_PROTOCOL``)."""
+    corr = None
+    if frames and frames[0][:1] == CORR_MARKER:
+        corr, frames = frames[0], frames[1:]
+    kind = frames[0] if frames else b""
+    if kind == b"OK" and len(frames) <= 2:
+        return Ok(corr, frames[1] if len(frames) == 2 else None)
+    if kind == b"ERROR" and len(frames) == 3:
+        code = frames[1].decode("utf-8", "replace")
+        return ErrorReply(corr, ProtocolError(code, frames[2].decode("utf-8", "replace")))
+    if corr is None and kind == b"MESSAGE" and len(frames) >= 2:
+        try:
+            return Messages(tuple(decode_message(m) for m in frames[1:]))
+        except ValueError as e:
+            return ProtocolError("E_BAD_PROTOCOL", f"bad MESSAGE frame: {e}")
+    if corr is None and kind == b"HEARTBEAT" and len(frames) == 1:
+        return Heartbeat()
+    shown = [f[:20] for f in frames[:4]]
+    return ProtocolError("E_BAD_PROTOCOL", f"unexpected reply {shown!r}")
