@@ -26,93 +26,23 @@ inbox put) or remote (ZeroMQ envelope).
 
 from __future__ import annotations
 
-import queue
 import threading
-from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import pykka
-from pykka._envelope import Envelope
 from pykka.messages import _ActorStop
 
 from actors.runtime.errors import DebugCrash
+from actors.runtime.inbox import DEFAULT_MAILBOX_SIZE, Batch, CrashRequest, Mailbox
 
 if TYPE_CHECKING:
     from actors.runtime.endpoint import Endpoint
 
-__all__ = ["Actor", "Batch", "Mailbox"]
-
-DEFAULT_MAILBOX_SIZE = 10_000
+__all__ = ["Actor", "bind_endpoint", "construct_on", "current_endpoint"]
 
 _constructing = threading.local()
 """Set by the slot while it calls a factory: the mailbox the new actor must use."""
-
-
-class Batch:
-    """Several messages delivered as one inbox entry (internal, never on the wire)."""
-
-    __slots__ = ("messages",)
-
-    def __init__(self, messages: Sequence[Any]) -> None:
-        self.messages = messages
-
-    def __repr__(self) -> str:
-        return f"Batch({len(self.messages)} messages)"
-
-
-class CrashRequest:
-    """Debug hook: the actor raises :class:`DebugCrash` when it handles this."""
-
-    __slots__ = ()
-
-
-def _size(envelope: Envelope[Any]) -> int:
-    message = envelope.message
-    return len(message.messages) if type(message) is Batch else 1
-
-
-class Mailbox(queue.Queue[Envelope[Any]]):
-    """A ``queue.Queue`` bounded by the number of *messages* it holds.
-
-    ``put`` blocks while ``depth >= maxsize`` (so a batch may overshoot the
-    bound once, by less than its own length).  ``put_front`` and
-    ``put_force`` ignore the bound; the runtime uses them for a crashed
-    batch's tail and for stop requests, which must never be refused.
-    """
-
-    def _init(self, maxsize: int) -> None:
-        self.queue: deque[Envelope[Any]] = deque()
-        self.depth = 0
-        self.current: Envelope[Any] | None = None
-
-    def _qsize(self) -> int:
-        return self.depth
-
-    def _put(self, item: Envelope[Any]) -> None:
-        self.queue.append(item)
-        self.depth += _size(item)
-
-    def _get(self) -> Envelope[Any]:
-        item = self.queue.popleft()
-        self.depth -= _size(item)
-        self.current = item  # read by Actor.defer_reply, on the same (actor's) thread
-        return item
-
-    def put_front(self, item: Envelope[Any]) -> None:
-        """Insert ``item`` at the head, ignoring the bound."""
-        with self.mutex:
-            self.queue.appendleft(item)
-            self.depth += _size(item)
-            self.unfinished_tasks += 1
-            self.not_empty.notify()
-
-    def put_force(self, item: Envelope[Any]) -> None:
-        """Append ``item`` at the tail, ignoring the bound."""
-        with self.mutex:
-            self._put(item)
-            self.unfinished_tasks += 1
-            self.not_empty.notify()
 
 
 class Actor(pykka.ThreadingActor):

@@ -26,16 +26,13 @@ import os
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import msgpack
 import zmq
 
 from actors.runtime.errors import ActorsError, AskTimeout, DebugHooksDisabled, UnknownActor
 from transport.mailbox.sockets import ipc_address
-
-if TYPE_CHECKING:
-    from actors.runtime.supervisor import Supervisor
 
 __all__ = ["ActorInfo", "ControlClient", "ControlServer", "ProcessInfo"]
 
@@ -81,10 +78,22 @@ class ActorInfo:
     """Whether the slot's thread is running."""
 
 
+class Controlled(Protocol):
+    """What the control server serves (the supervisor implements it)."""
+
+    def ps(self) -> list[ProcessInfo]: ...
+
+    def actors(self) -> list[ActorInfo]: ...
+
+    def spawn(self, name: str) -> bool: ...
+
+    def crash(self, name: str) -> None: ...
+
+
 class ControlServer:
     """Serves control requests for a :class:`~actors.runtime.supervisor.Supervisor` on a thread."""
 
-    def __init__(self, run_dir: str, supervisor: Supervisor) -> None:
+    def __init__(self, run_dir: str, supervisor: Controlled) -> None:
         self._supervisor = supervisor
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)

@@ -51,7 +51,7 @@ import zmq
 from pykka import ActorDeadError, ThreadingFuture, Timeout
 from pykka._envelope import Envelope as PykkaEnvelope
 
-from actors.runtime.actor import Batch
+from actors.runtime.inbox import Batch
 from actors.runtime.errors import (
     ActorsError,
     AskTimeout,
@@ -64,7 +64,15 @@ from actors.runtime.errors import (
 from actors.runtime.options import RuntimeOptions
 from actors.runtime.placement import Placement
 from actors.runtime.system import SYSTEM
-from transport.mailbox.envelope import ASK, REPLY_ERROR, REPLY_OK, TELL, CodecError, Envelope, registry
+from transport.mailbox.envelope import (
+    ASK,
+    REPLY_ERROR,
+    REPLY_OK,
+    TELL,
+    CodecError,
+    Envelope,
+    registry,
+)
 from transport.mailbox.sockets import Outbox, ReplyInboxes, bind_inbox, ipc_address
 
 __all__ = ["Endpoint", "Host", "RemoteReply"]

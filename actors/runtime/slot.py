@@ -36,7 +36,8 @@ from pykka import ActorRegistry
 from pykka._envelope import Envelope
 from pykka.messages import _ActorStop
 
-from actors.runtime.actor import Actor, Batch, CrashRequest, Mailbox, construct_on
+from actors.runtime.actor import Actor, construct_on
+from actors.runtime.inbox import Batch, CrashRequest, Mailbox
 
 __all__ = ["ActorSlot", "RestartIntensity"]
 

@@ -12,7 +12,7 @@ from pykka import ThreadingFuture
 from pykka._envelope import Envelope
 
 from actors.runtime import Actor, MailboxFull, RuntimeOptions
-from actors.runtime.actor import Batch, Mailbox
+from actors.runtime.inbox import Batch, Mailbox
 from actors.runtime.node import Node, NodeSpec
 from actors.runtime.slot import ActorSlot, RestartIntensity
 from tests.runtime.helpers import Boom, GetLog, Recorder, Seq, Whoami
