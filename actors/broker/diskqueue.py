@@ -260,15 +260,22 @@ class DiskQueueActor(Actor):
             self.tell(actor, Stored(token))
         return True
 
+    @staticmethod
+    def _sync(queue: DiskQueue | NullQueue | None, delayed: DelayedStore | None) -> None:
+        if queue is not None:
+            queue.sync()
+        if delayed is not None:
+            delayed.sync()
+
     def _commit(self) -> None:
         """fsync once for every write that queued up, then confirm them all."""
         confirms, self.unsynced = self.unsynced, []
         error = None
         try:
-            if self.queue is not None:
-                self.queue.sync()
-            if self.delayed is not None:
-                self.delayed.sync()
+            # On the node's I/O pool: this actor parks for the fsync while its
+            # dispatcher thread runs the others, and the writes that arrive
+            # meanwhile queue up for the next commit.
+            self.blocking(self._sync, self.queue, self.delayed)
         except (StorageError, OSError) as e:
             log.error("%s: fsync failed: %s", self.name, e)
             error = ("E_PUB_FAILED", f"PUB failed {e}", False)

@@ -38,9 +38,9 @@ from actors.runtime.errors import (
     RuntimeNotRunning,
     UnknownActor,
 )
+from actors.runtime.main import connect
 from actors.runtime.options import EXIT_ESCALATED, RuntimeOptions
 from actors.runtime.placement import Placement
-from actors.runtime.main import connect
 from actors.runtime.supervisor import Supervisor
 from transport.mailbox.envelope import message
 

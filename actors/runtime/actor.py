@@ -1,43 +1,50 @@
-"""The runtime's actor base class and its bounded, batch-aware inbox.
+"""The runtime's actor base class: a pykka actor that costs memory, not a thread.
 
 Theory of operation
 -------------------
-Runtime actors are ordinary pykka ``ThreadingActor`` subclasses with three
-additions, all made through pykka's seams rather than by forking its loop:
+Runtime actors are pykka actors extended through pykka's seams rather than
+by forking its loop:
 
-* ``_create_actor_inbox`` returns the :class:`Mailbox` of the actor's *slot*
-  (see :mod:`actors.runtime.slot`).  The slot outlives actor instances: when an actor
-  crashes, its fresh replacement is constructed on the same mailbox, so the
-  messages queued behind the failing one are not lost.
-* The mailbox is bounded in *messages*, not envelopes.  A :class:`Batch`
-  (what one ZeroMQ envelope or one ``tell_many`` carries) is a single inbox
-  entry, so queue locking is paid once per batch; ``on_receive`` still sees
-  one message at a time.
-* ``_handle_receive`` unpacks batches, counts handled messages for
-  introspection, remembers the unprocessed tail of a batch when a message
-  raises (the replacement instance receives it first), and turns the debug
-  crash hook into an exception raised on the actor's own thread.
+* ``_create_actor_inbox`` returns the :class:`~actors.runtime.inbox.Mailbox`
+  of the actor's *slot* (see :mod:`actors.runtime.slot`).  The slot outlives
+  actor instances: when an actor crashes, its fresh replacement is
+  constructed on the same mailbox, so the messages queued behind the failing
+  one are not lost.  The slot, not a thread of the actor's own, runs the
+  actor: batches of messages on a thread of the node's dispatcher
+  (:mod:`actors.runtime.dispatcher`).
+* ``_create_future`` returns a :class:`~actors.runtime.future.Future` whose
+  ``get`` parks the asking actor instead of blocking its thread, so pykka's
+  own ``ActorRef.ask`` and proxies work on a dispatcher of two threads.
+* ``_handle_receive`` unpacks batches (one inbox entry, many messages),
+  counts handled messages for introspection, remembers the unprocessed tail
+  of a batch when a message raises (the replacement instance receives it
+  first), and turns the debug crash hook into an exception raised on the
+  actor's own turn.
 
 Actors talk to other actors by name with :meth:`Actor.tell`,
 :meth:`Actor.tell_many` and :meth:`Actor.ask`; the process's
-:class:`~actors.runtime.endpoint.Endpoint` decides whether the target is local (direct
-inbox put) or remote (ZeroMQ envelope).
+:class:`~actors.runtime.endpoint.Endpoint` decides whether the target is
+local (direct inbox put) or remote (ZeroMQ envelope).  Work that blocks goes
+through :meth:`Actor.blocking`.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pykka
 from pykka.messages import _ActorStop
 
 from actors.runtime.errors import DebugCrash
+from actors.runtime.future import Future
 from actors.runtime.inbox import DEFAULT_MAILBOX_SIZE, Batch, CrashRequest, Mailbox
 
 if TYPE_CHECKING:
     from actors.runtime.endpoint import Endpoint
+
+T = TypeVar("T")
 
 __all__ = ["Actor", "bind_endpoint", "construct_on", "current_endpoint"]
 
@@ -45,7 +52,7 @@ _constructing = threading.local()
 """Set by the slot while it calls a factory: the mailbox the new actor must use."""
 
 
-class Actor(pykka.ThreadingActor):
+class Actor(pykka.Actor):
     """Base class of actors hosted by the runtime.
 
     Subclasses take the actor's name as first constructor argument (factories
@@ -60,8 +67,6 @@ class Actor(pykka.ThreadingActor):
     actor keeps running (pykka's semantics).
     """
 
-    use_daemon_thread: ClassVar[bool] = True
-
     def __init__(self, name: str) -> None:
         super().__init__()
         self.name = name
@@ -74,6 +79,14 @@ class Actor(pykka.ThreadingActor):
     def _create_actor_inbox() -> Mailbox:  # type: ignore[override]  # pykka seam
         mailbox: Mailbox | None = getattr(_constructing, "mailbox", None)
         return mailbox if mailbox is not None else Mailbox(DEFAULT_MAILBOX_SIZE)
+
+    @staticmethod
+    def _create_future() -> Future:  # pykka seam
+        return Future()
+
+    def _start_actor_loop(self) -> None:  # pykka seam: slots run actors, never Actor.start()
+        msg = "runtime actors are started by their node (tell them a message), not start()"
+        raise TypeError(msg)
 
     def _handle_receive(self, message: Any) -> Any:
         if type(message) is Batch:
@@ -126,8 +139,24 @@ class Actor(pykka.ThreadingActor):
         _endpoint().tell_many(name, messages)
 
     def ask(self, name: str, message: Any, timeout: float | None = None) -> Any:
-        """Send ``message`` to ``name`` and wait for its reply (never ask yourself)."""
+        """Send ``message`` to ``name`` and wait for its reply (never ask yourself).
+
+        The wait parks this actor: its dispatcher thread runs other actors
+        meanwhile, and messages to this actor queue up until it resumes.
+        """
         return _endpoint().ask(name, message, timeout)
+
+    def blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` on the node's I/O pool (fsync, SQLite, file work) and return it.
+
+        This actor parks until the call is done; its dispatcher thread keeps
+        running the others.  Outside a node (a unit test) the call runs inline.
+        """
+        endpoint = _endpoint_of_process
+        dispatcher = endpoint.dispatcher if endpoint is not None else None
+        if dispatcher is None:
+            return fn(*args)
+        return dispatcher.blocking(fn, *args)
 
 
 _endpoint_of_process: Endpoint | None = None

@@ -1,4 +1,4 @@
-"""A process's messaging hub: tell/ask by name, the dispatcher thread, reply sockets.
+"""A process's messaging hub: tell/ask by name, the socket reader, the table of pending asks.
 
 Theory of operation
 -------------------
@@ -6,30 +6,36 @@ Every process that takes part in the runtime owns exactly one
 :class:`Endpoint`, named like its node (``gateway``, ``worker-3``,
 ``supervisor`` or ``ext-<pid>-<n>`` for external clients).  It binds the
 node's PULL socket (``ipc://<run_dir>/<node>.sock``) and sends through an
-:class:`~transport.mailbox.sockets.Outbox` (one PUSH per thread and destination).
+:class:`~transport.mailbox.sockets.Outbox` (one PUSH per sending thread and
+destination node).  Actors do not have threads of their own: the threads
+that send are the node's few dispatcher threads, its socket loops and the
+reader, so a process has O(threads x nodes) sockets whatever its number of
+actors.  An actor is pinned to one dispatcher thread, so its messages to one
+node all leave through one socket: FIFO per sender -> receiver pair.
 
 Sending: ``tell_many(name, msgs)`` resolves ``name`` with the
 :class:`~actors.runtime.placement.Placement`.  If this process hosts the actor, the
 batch goes straight into the actor's inbox (no ZeroMQ, no encoding);
 otherwise one envelope carrying the whole batch is encoded and sent.
 
-Receiving: one dispatcher thread reads envelopes in arrival order and hands
+Receiving: one reader thread reads envelopes in arrival order and hands
 them to the *host* (the node, see :mod:`actors.runtime.node`): a TELL becomes one
-pykka envelope with a :class:`~actors.runtime.actor.Batch`; an ASK becomes a pykka
+pykka envelope with a :class:`~actors.runtime.inbox.Batch`; an ASK becomes a pykka
 envelope whose ``reply_to`` is a :class:`RemoteReply` - a future-like object
 whose ``set``/``set_exception`` encode a reply envelope and send it from the
-*actor's* thread to the asker's reply address.
+answering actor's thread to the asker's node.
 
-A thread that asks across processes owns a reply socket
-(:class:`~transport.mailbox.sockets.ReplyInboxes`, ``<node>~<n>``) named in the ASK,
-and waits on it with ``poll(timeout)``: the reply wakes the asking thread
-directly, a late reply to an earlier timed-out ask is recognised by its
-request id and dropped, and a dead or restarting target yields
-:class:`~actors.runtime.errors.AskTimeout`, never a hang.  A request queued while the
-target node was down is still delivered when it rebinds.  Asks between actors
-of the same process use a plain pykka future.
+Asking across processes: the ASK names this endpoint's node and a request
+id; the reply comes back on the node's own PULL socket, and the reader
+completes the :class:`~actors.runtime.future.Future` waiting under that id.
+An actor that asks parks (its dispatcher thread runs the others); any other
+thread blocks.  A reply that comes after its ask timed out finds no entry
+and is dropped; a dead or restarting target yields
+:class:`~actors.runtime.errors.AskTimeout`, never a hang.  A request queued
+while the target node was down is still delivered when it rebinds.  Asks
+between actors of the same process use the same future, without ZeroMQ.
 
-Backpressure: the dispatcher blocks while a target inbox is full.  It then
+Backpressure: the reader blocks while a target inbox is full.  It then
 stops reading its socket, the ZeroMQ queues fill to their high-water marks
 and remote senders block for at most ``send_timeout`` before
 :class:`~actors.runtime.errors.MailboxFull`; local senders get the same error from
@@ -43,15 +49,14 @@ import logging
 import os
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 import zmq
-from pykka import ActorDeadError, ThreadingFuture, Timeout
+from pykka import ActorDeadError, Timeout
 from pykka._envelope import Envelope as PykkaEnvelope
 
-from actors.runtime.inbox import Batch
+from actors.runtime.dispatcher import Dispatcher
 from actors.runtime.errors import (
     ActorsError,
     AskTimeout,
@@ -61,6 +66,8 @@ from actors.runtime.errors import (
     RuntimeNotRunning,
     UnknownActor,
 )
+from actors.runtime.future import Future
+from actors.runtime.inbox import Batch
 from actors.runtime.options import RuntimeOptions
 from actors.runtime.placement import Placement
 from actors.runtime.system import SYSTEM
@@ -73,7 +80,7 @@ from transport.mailbox.envelope import (
     Envelope,
     registry,
 )
-from transport.mailbox.sockets import Outbox, ReplyInboxes, bind_inbox, ipc_address
+from transport.mailbox.sockets import Outbox, bind_inbox, close_and_unlink, ipc_address
 
 __all__ = ["Endpoint", "Host", "RemoteReply"]
 
@@ -82,6 +89,9 @@ logger = logging.getLogger(__name__)
 _POLL_MS = 100
 _RETRY_DELIVERY = 0.1
 _COALESCE_MAX = 1000
+_REPLY_CHECK = 32
+REPLY_SUFFIX = "~r"
+"""A node's reply socket is ``<node>~r.sock``, beside its inbox ``<node>.sock``."""
 _KNOWN_ERRORS: dict[str, type[ActorsError]] = {
     cls.__name__: cls
     for cls in (UnknownActor, DebugHooksDisabled, MailboxFull, AskTimeout, RuntimeNotRunning)
@@ -136,22 +146,28 @@ class Endpoint:
         placement: Placement,
         options: RuntimeOptions,
         host: Host | None = None,
+        *,
+        dispatcher: Dispatcher | None = None,
     ) -> None:
         self.node = node
+        self.dispatcher = dispatcher
+        """The node's dispatcher (None for endpoints that host no actors)."""
         self.run_dir = os.fspath(run_dir)
         self.placement = placement
         self.options = options
         self.host = host
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._inbox = bind_inbox(self._ctx, ipc_address(self.run_dir, node), options.hwm)
+        self._reply_node = node + REPLY_SUFFIX
+        self._reply_inbox = bind_inbox(self._ctx, ipc_address(self.run_dir, self._reply_node), 0)
         self.outbox = Outbox(self._ctx, self.address_of, options.hwm, options.send_timeout)
-        self._replies = ReplyInboxes(self._ctx, node, self.address_of)
+        self._pending: dict[int, Future] = {}
         self._ids = itertools.count(1)
         self._coalesce_max = min(_COALESCE_MAX, options.mailbox_size)
         self._stopping = threading.Event()  # set: the dispatcher stops reading (intake closed)
         self._closed = False
         self._dispatcher = threading.Thread(
-            target=self._dispatch_loop, name=f"dispatcher:{node}", daemon=True
+            target=self._dispatch_loop, name=f"mailbox:{node}", daemon=True
         )
         self._dispatcher.start()
 
@@ -203,10 +219,10 @@ class Endpoint:
     def _ask(self, node: str, name: str, message: Any, timeout: float | None) -> Any:
         if timeout is None:
             timeout = self.options.ask_timeout
-        future: ThreadingFuture[Any] = ThreadingFuture()
         if node == self.node and self.host is not None:
             if name == SYSTEM:
                 return self.host.system(message)
+            future = Future()
             self.host.deliver(name, PykkaEnvelope(message, reply_to=future), timeout)
             try:
                 return future.get(timeout=timeout)
@@ -216,32 +232,20 @@ class Endpoint:
         return self._ask_remote(node, name, message, timeout)
 
     def _ask_remote(self, node: str, name: str, message: Any, timeout: float) -> Any:
-        """Send an ASK naming this thread's reply socket, then wait on that socket."""
-        try:
-            reply_name, sock = self._replies.get()
-        except zmq.ZMQError as e:
-            raise RuntimeNotRunning(f"endpoint {self.node} is closed") from e
+        """Send an ASK naming this node and a request id; the reader completes the future."""
         request_id = next(self._ids)
         data = registry.encode(
-            ASK, name, self.node, (message,), reply_to=reply_name, request_id=request_id
+            ASK, name, self.node, (message,), reply_to=self._reply_node, request_id=request_id
         )
-        self._send(node, data)
-        deadline = time.monotonic() + timeout
+        future = self._pending[request_id] = Future()
         try:
-            while (remaining := deadline - time.monotonic()) > 0:
-                if not sock.poll(int(remaining * 1000) + 1):
-                    break
-                try:
-                    reply = registry.decode(sock.recv())
-                except CodecError as e:
-                    raise RemoteActorError("CodecError", str(e)) from e
-                if reply.request_id == request_id:
-                    return _result(reply.kind, reply.messages)
-                # else: a late reply to an ask of this thread that timed out
-        except zmq.ZMQError as e:
-            raise RuntimeNotRunning(f"endpoint {self.node} closed while asking") from e
-        msg = f"no reply from {name} on {node} within {timeout}s"
-        raise AskTimeout(msg)
+            self._send(node, data)
+            return _result(*future.get(timeout=timeout))
+        except Timeout:
+            msg = f"no reply from {name} on {node} within {timeout}s"
+            raise AskTimeout(msg) from None
+        finally:
+            self._pending.pop(request_id, None)
 
     def _send(self, node: str, data: bytes) -> None:
         if self._closed:
@@ -285,21 +289,35 @@ class Endpoint:
         small tells costs one inbox operation and one thread wake-up instead
         of one each.  Order per destination is preserved: pending tells for an
         actor are flushed before an ask to it is delivered.
+
+        Replies arrive on a socket of their own, read between envelopes (every
+        ``_REPLY_CHECK`` envelopes and whenever the inbox is idle) and while the
+        reader waits for room in a full inbox: an actor that waits for a reply
+        while its own inbox fills up is answered all the same.
         """
         sock = self._inbox
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(self._reply_inbox, zmq.POLLIN)
         decode = registry.decode
         stopping = self._stopping
         pending: dict[str, list[Any]] = {}
         held = 0
+        count = 0
         try:
             while not stopping.is_set():
+                count += 1
+                if count >= _REPLY_CHECK:
+                    count = 0
+                    self._read_replies()
                 try:
                     data = sock.recv(zmq.NOBLOCK)
                 except zmq.Again:
                     if pending:
                         self._flush(pending)
                         held = 0
-                    sock.poll(_POLL_MS)
+                    self._read_replies()
+                    poller.poll(_POLL_MS)
                     continue
                 try:
                     envelope = decode(data)
@@ -313,6 +331,22 @@ class Endpoint:
                     logger.exception("%s: failed to dispatch an envelope", self.node)
         finally:
             self.close_thread()
+
+    def _read_replies(self) -> None:
+        """Complete the asks whose replies have arrived (reader thread only)."""
+        sock = self._reply_inbox
+        decode = registry.decode
+        while sock.poll(0):
+            try:
+                reply = decode(sock.recv())
+            except CodecError as e:
+                logger.error("%s: dropped an undecodable reply: %s", self.node, e)
+                continue
+            future = self._pending.pop(reply.request_id, None)
+            if future is None:
+                logger.debug("%s: dropped a reply that came after its ask timed out", self.node)
+            else:
+                future.set((reply.kind, reply.messages))
 
     def _route(self, envelope: Envelope, pending: dict[str, list[Any]], held: int) -> int:
         """Route one decoded envelope; returns the number of told messages still held."""
@@ -336,7 +370,7 @@ class Endpoint:
                 self._dispatch_tell(dest, messages)
             self._dispatch_ask(dest, envelope.messages[0], envelope.reply_to, envelope.request_id)
         else:
-            logger.warning("%s: dropped a reply nobody waits for", self.node)
+            logger.warning("%s: dropped a reply sent to the inbox, not the reply socket", self.node)
         return held
 
     def _flush(self, pending: dict[str, list[Any]]) -> None:
@@ -386,6 +420,7 @@ class Endpoint:
             try:
                 self.host.deliver(name, envelope, _RETRY_DELIVERY)
             except MailboxFull:
+                self._read_replies()
                 continue
             except (UnknownActor, ActorDeadError, RuntimeNotRunning) as e:
                 if envelope.reply_to is not None:
@@ -397,9 +432,8 @@ class Endpoint:
     # -- lifecycle ------------------------------------------------------------
 
     def close_thread(self) -> None:
-        """Release the calling thread's sockets (called when an actor thread ends)."""
+        """Release the calling thread's sockets (for a thread that sent and now ends)."""
         self.outbox.close_thread()
-        self._replies.close_thread()
 
     def close_intake(self, timeout: float = 2.0) -> None:
         """Stop reading the inbox socket; sending (e.g. from ``on_stop``) still works."""
@@ -414,8 +448,8 @@ class Endpoint:
         self.close_intake(timeout)
         self._closed = True
         self._inbox.close(linger=0)
+        close_and_unlink(self._reply_inbox, ipc_address(self.run_dir, self._reply_node))
         self.outbox.close()
-        self._replies.close()
         terminator = threading.Thread(target=self._ctx.term, name="zmq-term", daemon=True)
         terminator.start()
         terminator.join(timeout)

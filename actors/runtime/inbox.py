@@ -1,22 +1,48 @@
-"""An actor's inbox: bounded in messages, with batches as single entries.
+"""An actor's inbox: bounded in messages, batches as single entries, and it schedules its actor.
 
+Theory of operation
+-------------------
 A :class:`Batch` is what one ZeroMQ envelope or one ``tell_many`` carries: it
-enters the :class:`Mailbox` as one entry, so queue locking is paid once per
+enters the :class:`Mailbox` as one entry, so the lock is taken once per
 batch, while the bound counts the messages inside it.
+
+The mailbox is also the actor's *scheduling state* (see
+:mod:`actors.runtime.dispatcher`): ``scheduled`` is True while the actor is
+queued, running or parked.  A put into the mailbox of an idle actor sets it
+and calls ``on_ready`` (the slot puts itself in its dispatcher thread's run
+queue); puts into the mailbox of a scheduled actor only append.  At the end of
+a batch the slot calls :meth:`Mailbox.end_batch`: True means messages are
+still waiting and the actor must be queued again (at the back: fairness).
+Both happen under the mailbox's lock, so an actor is never queued twice and
+never left idle with messages.
+
+A sender that finds the mailbox full waits for room with a
+:class:`~actors.runtime.dispatcher.Waiter`: an actor sender parks (its thread
+runs the others, the receiver among them), a plain thread blocks.  ``put``
+raises ``queue.Full`` when no room came within the timeout.  ``put_front`` and
+``put_force`` ignore the bound: the runtime uses them for a crashed batch's
+tail and for stop and crash requests, which must never be refused.  A closed
+mailbox (its actor stopped) refuses puts with pykka's ``ActorDeadError``.
 """
 
 from __future__ import annotations
 
 import queue
+import threading
+import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from pykka import ActorDeadError
 from pykka._envelope import Envelope
+
+from actors.runtime.dispatcher import Waiter
 
 __all__ = ["DEFAULT_MAILBOX_SIZE", "Batch", "CrashRequest", "Mailbox"]
 
 DEFAULT_MAILBOX_SIZE = 10_000
+
 
 class Batch:
     """Several messages delivered as one inbox entry (internal, never on the wire)."""
@@ -36,49 +62,132 @@ class CrashRequest:
     __slots__ = ()
 
 
-def _size(envelope: Envelope[Any]) -> int:
+def size_of(envelope: Envelope[Any]) -> int:
+    """Messages an inbox entry carries."""
     message = envelope.message
     return len(message.messages) if type(message) is Batch else 1
 
 
-class Mailbox(queue.Queue[Envelope[Any]]):
-    """A ``queue.Queue`` bounded by the number of *messages* it holds.
+class Mailbox:
+    """A deque of envelopes bounded by the number of *messages* it holds."""
 
-    ``put`` blocks while ``depth >= maxsize`` (so a batch may overshoot the
-    bound once, by less than its own length).  ``put_front`` and
-    ``put_force`` ignore the bound; the runtime uses them for a crashed
-    batch's tail and for stop requests, which must never be refused.
-    """
-
-    def _init(self, maxsize: int) -> None:
+    def __init__(self, maxsize: int, on_ready: Callable[[], None] | None = None) -> None:
+        self.maxsize = maxsize
         self.queue: deque[Envelope[Any]] = deque()
         self.depth = 0
-        self.current: Envelope[Any] | None = None
+        self.current: Envelope[Any] | None = None  # read by Actor.defer_reply
+        self.scheduled = False
+        self.closed = False
+        self.on_ready = on_ready
+        self._lock = threading.Lock()
+        self._room: list[Waiter] = []
 
-    def _qsize(self) -> int:
+    # -- pykka's inbox interface (ActorRef.tell / ask, teardown) ---------------------
+
+    def qsize(self) -> int:
         return self.depth
 
-    def _put(self, item: Envelope[Any]) -> None:
-        self.queue.append(item)
-        self.depth += _size(item)
+    def empty(self) -> bool:
+        return not self.queue
 
-    def _get(self) -> Envelope[Any]:
-        item = self.queue.popleft()
-        self.depth -= _size(item)
-        self.current = item  # read by Actor.defer_reply, on the same (actor's) thread
-        return item
+    def get(self, block: bool = True, timeout: float | None = None) -> Envelope[Any]:
+        """Take the next entry; never blocks (``queue.Empty`` when there is none)."""
+        envelope = self.pop()
+        if envelope is None:
+            raise queue.Empty
+        return envelope
+
+    def put(self, item: Envelope[Any], block: bool = True, timeout: float | None = None) -> None:
+        """Append ``item``; wait up to ``timeout`` for room (``queue.Full`` if none came)."""
+        n = size_of(item)
+        deadline = None
+        while True:
+            with self._lock:
+                if self.closed:
+                    raise ActorDeadError("the actor has stopped")
+                if self.depth < self.maxsize:
+                    self.queue.append(item)
+                    self.depth += n
+                    if self.scheduled:
+                        return
+                    self.scheduled = True
+                    break
+                if not block:
+                    raise queue.Full
+                waiter = Waiter()
+                self._room.append(waiter)
+            if timeout is not None:
+                if deadline is None:
+                    deadline = time.monotonic() + timeout
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not waiter.wait(remaining)[0]:
+                    with self._lock:
+                        if waiter in self._room:
+                            self._room.remove(waiter)
+                    if remaining <= 0 or self.depth >= self.maxsize:
+                        raise queue.Full
+            else:
+                waiter.wait(None)
+        if self.on_ready is not None:
+            self.on_ready()
 
     def put_front(self, item: Envelope[Any]) -> None:
         """Insert ``item`` at the head, ignoring the bound."""
-        with self.mutex:
-            self.queue.appendleft(item)
-            self.depth += _size(item)
-            self.unfinished_tasks += 1
-            self.not_empty.notify()
+        self._put_unbounded(item, front=True)
 
     def put_force(self, item: Envelope[Any]) -> None:
         """Append ``item`` at the tail, ignoring the bound."""
-        with self.mutex:
-            self._put(item)
-            self.unfinished_tasks += 1
-            self.not_empty.notify()
+        self._put_unbounded(item, front=False)
+
+    def _put_unbounded(self, item: Envelope[Any], *, front: bool) -> None:
+        with self._lock:
+            if front:
+                self.queue.appendleft(item)
+            else:
+                self.queue.append(item)
+            self.depth += size_of(item)
+            if self.scheduled:
+                return
+            self.scheduled = True
+        if self.on_ready is not None:
+            self.on_ready()
+
+    # -- the slot's side ---------------------------------------------------------------
+
+    def pop(self) -> Envelope[Any] | None:
+        """Take the next entry (None if empty) and wake senders waiting for room."""
+        with self._lock:
+            if not self.queue:
+                return None
+            envelope = self.queue.popleft()
+            self.depth -= size_of(envelope)
+            room = self._room
+            if room and self.depth < self.maxsize:
+                waiters, self._room = room, []
+            else:
+                waiters = None
+        if waiters:
+            for waiter in waiters:
+                waiter.wake()
+        self.current = envelope
+        return envelope
+
+    def end_batch(self) -> bool:
+        """The actor finished a batch: True if it must be queued again (messages wait)."""
+        with self._lock:
+            if self.queue and not self.closed:
+                return True
+            self.scheduled = False
+            return False
+
+    def close(self) -> list[Envelope[Any]]:
+        """Refuse further puts; return what was still queued (to fail its asks)."""
+        with self._lock:
+            self.closed = True
+            left = list(self.queue)
+            self.queue.clear()
+            self.depth = 0
+            waiters, self._room = self._room, []
+        for waiter in waiters:
+            waiter.wake()
+        return left

@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import signal
-import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any

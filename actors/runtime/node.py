@@ -8,13 +8,15 @@ passes a picklable :class:`NodeSpec`.  :func:`node_main` then
 
 1. ignores SIGINT (the supervisor orchestrates shutdown) and turns SIGTERM
    into an orderly stop;
-2. creates the :class:`Node` and its :class:`~actors.runtime.endpoint.Endpoint`,
-   binding ``ipc://<run_dir>/<node>.sock`` (replacing the dead predecessor's
-   socket file after a restart);
+2. creates the :class:`Node`, its :class:`~actors.runtime.dispatcher.Dispatcher`
+   (the few threads every actor of the node runs on) and its
+   :class:`~actors.runtime.endpoint.Endpoint`, binding
+   ``ipc://<run_dir>/<node>.sock`` (replacing the dead predecessor's socket
+   file after a restart);
 3. waits for SIGTERM, then shuts down: stop intake (the dispatcher stops
    reading), ask every actor to stop *after* the messages already in its
-   inbox (so ``on_stop`` can flush and close storage), join the actor
-   threads until the deadline, close sockets, exit 0.
+   inbox (so ``on_stop`` can flush and close storage), wait for them until
+   the deadline, stop the dispatcher, close sockets, exit 0.
 
 Actors are created in two ways, both through the per-prefix ``factories``
 (``{"topic": TopicActor, ...}``, each called as ``factory(name)``):
@@ -45,6 +47,7 @@ from typing import Any
 from pykka._envelope import Envelope as PykkaEnvelope
 
 from actors.runtime.actor import Actor, bind_endpoint
+from actors.runtime.dispatcher import Dispatcher
 from actors.runtime.endpoint import Endpoint
 from actors.runtime.errors import DebugHooksDisabled, MailboxFull, RuntimeNotRunning, UnknownActor
 from actors.runtime.options import EXIT_ESCALATED, LOG_FORMAT, RuntimeOptions
@@ -96,7 +99,11 @@ class Node:
         self._stopping = False
         self._escalate = escalate or _exit_escalated
         self.placement = Placement(spec.options.workers)
-        self.endpoint = Endpoint(spec.node, spec.run_dir, self.placement, spec.options, host=self)
+        self.dispatcher = Dispatcher(spec.node, threads=spec.options.dispatcher_threads,
+                                     io_threads=spec.options.io_threads)
+        self.dispatcher.start()
+        self.endpoint = Endpoint(spec.node, spec.run_dir, self.placement, spec.options, host=self,
+                                 dispatcher=self.dispatcher)
         bind_endpoint(self.endpoint)
 
     def boot(self) -> None:
@@ -172,7 +179,8 @@ class Node:
                 self.options.mailbox_size,
                 intensity=RestartIntensity(self.options.max_restarts, self.options.restart_window),
                 escalate=self._escalate,
-                on_thread_exit=self.endpoint.close_thread,
+                dispatcher=self.dispatcher,
+                throughput=self.options.throughput,
             )
             self._slots[name] = slot
         slot.start()
@@ -205,6 +213,7 @@ class Node:
         if not clean:
             late = [s.name for s in slots if s.alive]
             logger.warning("%s: actors still running at the deadline: %s", self.spec.node, late)
+        clean = self.dispatcher.stop(timeout=max(0.1, deadline - time.monotonic())) and clean
         self.endpoint.close(timeout=max(0.1, deadline - time.monotonic()))
         bind_endpoint(None)
         return clean

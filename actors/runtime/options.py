@@ -29,6 +29,12 @@ class RuntimeOptions:
     """Bound of each actor's inbox, in messages (a batch may overshoot it once)."""
     hwm: int = 1_000
     """ZeroMQ SNDHWM/RCVHWM in envelopes, per sending thread and per node inbox."""
+    dispatcher_threads: int = 2
+    """Threads per process that run its actors (however many actors it hosts)."""
+    throughput: int = 300
+    """Messages an actor handles before its thread moves on to the next ready actor."""
+    io_threads: int = 4
+    """Threads per process for blocking work actors offload (``Actor.blocking``)."""
     send_timeout: float = 5.0
     """Seconds a sender waits on a full mailbox before ``MailboxFull`` is raised."""
     ask_timeout: float = 5.0
@@ -53,6 +59,7 @@ class RuntimeOptions:
         if self.workers < 1:
             msg = f"workers must be >= 1, got {self.workers}"
             raise ValueError(msg)
-        if self.mailbox_size < 1 or self.hwm < 1:
-            msg = "mailbox_size and hwm must be >= 1"
+        if min(self.mailbox_size, self.hwm, self.dispatcher_threads, self.throughput,
+               self.io_threads) < 1:
+            msg = "mailbox_size, hwm, dispatcher_threads, throughput and io_threads must be >= 1"
             raise ValueError(msg)

@@ -1,24 +1,37 @@
-"""Actor slots: one named place on a node, with its mailbox, thread and restart policy.
+"""Actor slots: one named place on a node, with its mailbox and restart policy, run by a dispatcher.
 
 Theory of operation
 -------------------
 A *slot* is what a name resolves to on its node.  It owns the actor's
-:class:`~actors.runtime.actor.Mailbox` and the OS thread the actor runs on, and it
-outlives the actor instances that occupy it:
+:class:`~actors.runtime.inbox.Mailbox`, is pinned to one thread of the node's
+:class:`~actors.runtime.dispatcher.Dispatcher`, and outlives the actor
+instances that occupy it.  It holds no thread of its own: the mailbox queues
+the slot on its dispatcher thread when a message arrives for an idle actor,
+and the thread calls :meth:`ActorSlot.run_batch`, which
 
-1. the slot thread calls ``factory(name)`` (the mailbox is handed to the new
-   instance through pykka's ``_create_actor_inbox`` seam), registers it with
-   pykka's registry and runs pykka's own loop pieces: ``_actor_loop_setup``
-   (``on_start``) and ``_actor_loop_running``;
-2. if the loop ended because a stop was requested, pykka's teardown runs
-   (pending asks get ``ActorDeadError``) and the thread ends;
-3. otherwise the actor crashed (``on_start`` or a told message raised).  If
-   :class:`RestartIntensity` allows it, the slot counts a restart and goes
-   back to 1 *on the same thread and the same mailbox*: queued messages -
-   including the unprocessed tail of the batch that crashed - are handled by
-   the fresh instance in their original order.  If the intensity is exceeded
+1. builds the instance on first use (``factory(name)``; the mailbox is handed
+   over through pykka's ``_create_actor_inbox`` seam) and runs ``on_start``;
+2. handles up to ``throughput`` *messages* (a ``Batch`` entry counts for its
+   length, and one longer than what is left of the quota is split, its rest
+   put back at the head of the mailbox) with pykka's per-message semantics:
+   the handler's return value or exception goes to an asker's future; a
+   *told* message that raises crashes the instance (pykka's
+   ``_handle_failure`` and ``on_failure`` run);
+3. on a crash, if :class:`RestartIntensity` allows it, counts a restart and
+   builds a fresh instance *on the same mailbox*, whose ``on_start`` runs
+   first and which then receives the unprocessed tail of the crashed batch
+   and everything queued behind it, in order.  If the intensity is exceeded
    the slot calls ``escalate(name)``; the node then exits with
-   ``EXIT_ESCALATED`` and the supervisor restarts the whole process.
+   ``EXIT_ESCALATED`` and the supervisor restarts the whole process;
+4. on a stop request (pykka's ``_ActorStop``, queued behind earlier
+   messages), runs ``on_stop``, closes the mailbox and fails the asks still
+   queued with ``ActorDeadError``;
+5. ends the batch: queued again at the back of its thread's run queue if
+   messages wait, idle otherwise.
+
+Any handler may wait (``ask``, a blocking call offloaded with
+``Actor.blocking``, room in a full mailbox): the slot's batch is then parked
+and resumes on the same thread; the slot is never run twice at once.
 
 ``RestartIntensity`` is a pure class (time is passed in).
 """
@@ -26,24 +39,28 @@ outlives the actor instances that occupy it:
 from __future__ import annotations
 
 import logging
-import threading
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from pykka import ActorRegistry
+from pykka import ActorDeadError
 from pykka._envelope import Envelope
 from pykka.messages import _ActorStop
 
 from actors.runtime.actor import Actor, construct_on
-from actors.runtime.inbox import Batch, CrashRequest, Mailbox
+from actors.runtime.dispatcher import Dispatcher
+from actors.runtime.inbox import Batch, CrashRequest, Mailbox, size_of
 
-__all__ = ["ActorSlot", "RestartIntensity"]
+__all__ = ["DEFAULT_THROUGHPUT", "ActorSlot", "RestartIntensity"]
 
 logger = logging.getLogger(__name__)
 
 Factory = Callable[[str], Actor]
+
+DEFAULT_THROUGHPUT = 300
+"""Messages an actor handles before its thread moves on to the next ready actor."""
 
 
 class RestartIntensity:
@@ -66,7 +83,24 @@ class RestartIntensity:
 
 
 class ActorSlot:
-    """A named actor on this node: mailbox + thread + restart loop."""
+    """A named actor on this node: mailbox + restart policy, run by a dispatcher thread."""
+
+    __slots__ = (
+        "_actor",
+        "_actor_built",
+        "_clock",
+        "_dispatcher",
+        "_escalate",
+        "_factory",
+        "_handled_before",
+        "_intensity",
+        "_owns_dispatcher",
+        "_throughput",
+        "_worker",
+        "mailbox",
+        "name",
+        "restarts",
+    )
 
     def __init__(
         self,
@@ -76,20 +110,29 @@ class ActorSlot:
         *,
         intensity: RestartIntensity,
         escalate: Callable[[str], None],
-        on_thread_exit: Callable[[], None] = lambda: None,
+        dispatcher: Dispatcher | None = None,
+        throughput: int = DEFAULT_THROUGHPUT,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
-        self.mailbox = Mailbox(mailbox_size)
         self.restarts = 0
         self._factory = factory
         self._intensity = intensity
         self._escalate = escalate
-        self._on_thread_exit = on_thread_exit
         self._clock = clock
+        self._throughput = max(1, throughput)
         self._handled_before = 0
         self._actor: Actor | None = None
-        self._thread = threading.Thread(target=self._run, name=f"actor:{name}", daemon=True)
+        self._actor_built = False
+        self._owns_dispatcher = dispatcher is None
+        if dispatcher is None:  # a slot on its own (unit tests): a one-thread dispatcher
+            dispatcher = Dispatcher(f"slot-{name}", threads=1, io_threads=1)
+            dispatcher.start()
+        self._dispatcher = dispatcher
+        self._worker = dispatcher.assign()
+        self.mailbox = Mailbox(mailbox_size, on_ready=self._ready)
+
+    # -- introspection --------------------------------------------------------------
 
     @property
     def handled(self) -> int:
@@ -99,22 +142,7 @@ class ActorSlot:
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def request_stop(self) -> None:
-        """Ask the actor to stop after the messages already queued (never blocks)."""
-        self.mailbox.put_force(Envelope(_ActorStop()))
-
-    def request_crash(self) -> None:
-        """Debug hook: make the actor raise when it reaches this request."""
-        self.mailbox.put_force(Envelope(CrashRequest()))
-
-    def join(self, timeout: float) -> bool:
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
+        return not self.mailbox.closed
 
     def info(self) -> dict[str, Any]:
         return {
@@ -125,47 +153,161 @@ class ActorSlot:
             "alive": self.alive,
         }
 
-    def _run(self) -> None:
-        unprocessed: tuple[Any, ...] = ()
-        try:
-            while True:
-                actor = self._construct()
-                if actor is not None:
-                    actor.restart_count = self.restarts
-                    if unprocessed:
-                        self.mailbox.put_front(Envelope(Batch(unprocessed)))
-                    stopped, unprocessed = self._run_instance(actor)
-                    if stopped:
-                        return
-                if not self._intensity.allow(self._clock()):
-                    logger.error("actor %s exceeded its restart intensity", self.name)
-                    self._escalate(self.name)
-                    return
-                self.restarts += 1
-                logger.warning("restarting actor %s (restart %d)", self.name, self.restarts)
-        finally:
-            self._on_thread_exit()
+    # -- control ----------------------------------------------------------------------
 
-    def _construct(self) -> Actor | None:
+    def start(self) -> None:
+        """Build the actor now (on its dispatcher thread) rather than on its first message."""
+        with self.mailbox._lock:
+            if self.mailbox.scheduled:
+                return
+            self.mailbox.scheduled = True
+        self._ready()
+
+    def request_stop(self) -> None:
+        """Ask the actor to stop after the messages already queued (never blocks)."""
+        if not self.mailbox.closed:
+            self.mailbox.put_force(Envelope(_ActorStop()))
+
+    def request_crash(self) -> None:
+        """Debug hook: make the actor raise when it reaches this request."""
+        self.mailbox.put_force(Envelope(CrashRequest()))
+
+    def join(self, timeout: float) -> bool:
+        """Wait until the slot has stopped (or escalated); True if it did in time."""
+        deadline = time.monotonic() + timeout
+        while not self.mailbox.closed:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            time.sleep(min(0.01, remaining))
+        return True
+
+    # -- running (on the slot's dispatcher thread) -------------------------------------
+
+    def _ready(self) -> None:
+        self._dispatcher.schedule(self._worker, self)
+
+    def run_batch(self) -> None:
+        mailbox = self.mailbox
+        if mailbox.closed:
+            return
+        actor = self._actor
+        if actor is None:
+            actor = self._start_instance() or self._restart(())
+            if actor is None:
+                return
+        budget = self._throughput
+        pop = mailbox.pop
+        while budget > 0:
+            envelope = pop()
+            if envelope is None:
+                break
+            n = size_of(envelope)
+            if n > budget:  # a batch bigger than what is left: the rest waits its turn
+                messages = envelope.message.messages
+                mailbox.put_front(Envelope(Batch(messages[budget:])))
+                envelope = Envelope(Batch(messages[:budget]))
+                n = budget
+            budget -= n
+            actor = self._handle(actor, envelope)
+            if actor is None:  # stopped, or escalated
+                return
+        if mailbox.end_batch():
+            self._ready()
+
+    def _handle(self, actor: Actor, envelope: Envelope[Any]) -> Actor | None:
+        """Handle one inbox entry with pykka's semantics; returns the instance to go on with.
+
+        ``envelope.reply_to`` is read after the handler ran: ``defer_reply``
+        takes it away to answer later.
+        """
         try:
-            return construct_on(self.mailbox, self._factory, self.name)
+            response = actor._handle_receive(envelope.message)
+        except Exception:
+            if envelope.reply_to is not None:
+                logger.info("exception returned from %s to its asker", self.name,
+                            exc_info=True)
+                envelope.reply_to.set_exception()
+                return actor
+            return self._crashed(actor, *sys.exc_info())
+        except BaseException:  # SystemExit, KeyboardInterrupt: this actor crashes, no other
+            logger.exception("%s raised a BaseException; treated as a crash", self.name)
+            if envelope.reply_to is not None:
+                envelope.reply_to.set_exception()
+            return self._crashed(actor, *sys.exc_info())
+        if envelope.reply_to is not None:
+            envelope.reply_to.set(response)
+        if actor._stop_requested:
+            self._teardown(actor)
+            return None
+        return actor
+
+    def _crashed(self, actor: Actor, *exc_info: Any) -> Actor | None:
+        actor._handle_failure(*exc_info)
+        try:
+            actor.on_failure(*exc_info)
+        except Exception:
+            actor._handle_failure(*sys.exc_info())
+        unprocessed = tuple(actor._unprocessed)
+        self._retire(actor)
+        return self._restart(unprocessed)
+
+    def _restart(self, unprocessed: tuple[Any, ...]) -> Actor | None:
+        """Build fresh instances until one starts; None when the intensity is exceeded."""
+        while True:
+            if not self._intensity.allow(self._clock()):
+                logger.error("actor %s exceeded its restart intensity", self.name)
+                self._finish()
+                self._escalate(self.name)
+                return None
+            self.restarts += 1
+            logger.warning("restarting actor %s (restart %d)", self.name, self.restarts)
+            actor = self._start_instance(unprocessed)
+            if actor is not None:
+                return actor
+            if self._actor_built:
+                unprocessed = ()  # the tail is in the mailbox already
+
+    def _start_instance(self, unprocessed: tuple[Any, ...] = ()) -> Actor | None:
+        """Build an instance, queue ``unprocessed`` first, run ``on_start``; None on failure."""
+        self._actor_built = False
+        try:
+            actor = construct_on(self.mailbox, self._factory, self.name)
         except Exception:
             logger.exception("factory for actor %s failed", self.name)
             return None
-
-    def _run_instance(self, actor: Actor) -> tuple[bool, tuple[Any, ...]]:
-        """Run one instance to its end; return (stopped on request, unprocessed tail)."""
+        self._actor_built = True
+        actor.restart_count = self.restarts
+        if unprocessed:
+            self.mailbox.put_front(Envelope(Batch(unprocessed)))
         self._actor = actor
-        ActorRegistry.register(actor.actor_ref)
         try:
-            actor._actor_loop_setup()
-            actor._actor_loop_running()
-            if actor._stop_requested:
-                actor._actor_loop_teardown()
-                return True, ()
-            return False, tuple(actor._unprocessed)
-        finally:
-            ActorRegistry.unregister(actor.actor_ref)
-            handled = actor.handled
-            self._actor = None
-            self._handled_before += handled
+            actor.on_start()
+        except Exception:
+            actor._handle_failure(*sys.exc_info())
+            self._retire(actor)
+            return None
+        return actor
+
+    def _retire(self, actor: Actor) -> None:
+        self._handled_before += actor.handled
+        self._actor = None
+
+    def _teardown(self, actor: Actor) -> None:
+        """After ``on_stop``: refuse new messages, fail the asks still queued."""
+        self._retire(actor)
+        for envelope in self._finish():
+            reply_to = envelope.reply_to
+            if reply_to is None:
+                continue
+            if isinstance(envelope.message, _ActorStop):
+                reply_to.set(None)
+            else:
+                error = ActorDeadError(f"{self.name} stopped before handling the message")
+                reply_to.set_exception((ActorDeadError, error, None))
+
+    def _finish(self) -> list[Envelope[Any]]:
+        left = self.mailbox.close()
+        if self._owns_dispatcher:
+            self._dispatcher.stop(timeout=0)
+        return left

@@ -17,7 +17,8 @@ from actors.runtime import Supervisor
 from tests.runtime.helpers import FACTORIES
 
 # Threads the runtime starts; none may survive a test.
-RUNTIME_THREAD_PREFIXES = ("dispatcher:", "actor:", "supervisor-monitor", "control-server")
+RUNTIME_THREAD_PREFIXES = ("dispatcher:", "mailbox:", "blocking:", "supervisor-monitor",
+                           "control-server")
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:

@@ -1,15 +1,17 @@
-"""ZeroMQ sockets for actor mailboxes: one PULL per node, PUSH sockets per sender thread.
+"""ZeroMQ sockets for actor mailboxes: PULL sockets per node, PUSH sockets per sending thread.
 
 Theory of operation
 -------------------
 Every node (a process hosting actors, or an external endpoint such as a test
-or a CLI) binds exactly one PULL socket at ``ipc://<run_dir>/<node>.sock``.
-Anyone who wants to reach an actor on that node sends encoded envelopes
+or a CLI) binds a PULL socket at ``ipc://<run_dir>/<node>.sock`` (and one for
+the replies to its asks, see the runtime's endpoint).  Anyone who wants to
+reach an actor on that node sends encoded envelopes
 (:mod:`transport.mailbox.envelope`) to that address through a PUSH socket.
 
-ZeroMQ sockets must not be shared between threads, and every pykka
-``ThreadingActor`` runs on its own thread.  :class:`Outbox` therefore keeps
-one PUSH socket *per (thread, destination node)* in a ``threading.local``.
+ZeroMQ sockets must not be shared between threads, and a process sends from
+several threads (its dispatcher threads, socket loops, the caller's threads).
+:class:`Outbox` therefore keeps one PUSH socket *per (thread, destination
+node)* in a ``threading.local``: a bounded number, since the threads are.
 ZeroMQ preserves order on one socket, and one sending thread uses exactly one
 socket per destination, so messages from one sender to one receiver arrive in
 the order they were sent - with no lock on the send path.
@@ -35,7 +37,9 @@ from collections.abc import Callable
 
 import zmq
 
-__all__ = ["MAX_IPC_PATH", "Outbox", "ReplyInboxes", "bind_inbox", "ipc_address", "recv_timeout"]
+__all__ = [
+    "MAX_IPC_PATH", "Outbox", "bind_inbox", "close_and_unlink", "ipc_address", "recv_timeout",
+]
 
 MAX_IPC_PATH = 100
 """Unix socket paths are limited to ~107 bytes; we keep a margin."""
@@ -155,64 +159,8 @@ class Outbox:
             sock.close(linger=0)
 
 
-class ReplyInboxes:
-    """Per-thread PULL sockets on which a thread waits for the replies to its own asks.
-
-    A thread that asks across processes binds ``<node>~<n>`` once and names it
-    as the reply address; the reply then wakes that thread directly, with no
-    dispatcher thread and no future in between (one thread hop less per ask).
-    """
-
-    def __init__(
-        self, ctx: zmq.Context[zmq.Socket[bytes]], node: str, address_of: Callable[[str], str]
-    ) -> None:
-        self._ctx = ctx
-        self._node = node
-        self._address_of = address_of
-        self._local = threading.local()
-        self._lock = threading.Lock()  # guards _all; taken once per thread, not per ask
-        self._all: list[tuple[zmq.Socket[bytes], str]] = []
-        self._count = 0
-        self._closed = False
-
-    def get(self) -> tuple[str, zmq.Socket[bytes]]:
-        """The calling thread's reply address name and socket (bound on first use)."""
-        entry: tuple[str, zmq.Socket[bytes]] | None = getattr(self._local, "entry", None)
-        if entry is None:
-            with self._lock:
-                if self._closed:
-                    msg = "reply inboxes are closed"
-                    raise zmq.ZMQError(zmq.ETERM, msg)
-                self._count += 1
-                name = f"{self._node}~{self._count}"
-                address = self._address_of(name)
-                sock = bind_inbox(self._ctx, address, rcvhwm=0)
-                self._all.append((sock, address))
-            entry = self._local.entry = (name, sock)
-        return entry
-
-    def close_thread(self) -> None:
-        """Close the calling thread's reply socket, if it has one."""
-        entry = getattr(self._local, "entry", None)
-        if entry is None:
-            return
-        self._local.entry = None
-        with self._lock:
-            found = [item for item in self._all if item[0] is entry[1]]
-            self._all = [item for item in self._all if item[0] is not entry[1]]
-        for sock, address in found:
-            _close_and_unlink(sock, address)
-
-    def close(self) -> None:
-        """Close every thread's reply socket; only when no thread is still asking."""
-        with self._lock:
-            self._closed = True
-            items, self._all = self._all, []
-        for sock, address in items:
-            _close_and_unlink(sock, address)
-
-
-def _close_and_unlink(sock: zmq.Socket[bytes], address: str) -> None:
+def close_and_unlink(sock: zmq.Socket[bytes], address: str) -> None:
+    """Close a bound socket and remove its ipc file."""
     sock.close(linger=0)
     path = address.removeprefix("ipc://")
     if path != address:

@@ -1,0 +1,242 @@
+"""The dispatcher: many actors on a few threads, parked waits, fairness, blocking offload.
+
+These run a :class:`Node` in the test's own process, so its threads can be
+counted and its actors held at barriers.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from actors.runtime import Actor, RuntimeOptions, message
+from actors.runtime.dispatcher import Dispatcher, Waiter
+from actors.runtime.node import Node, NodeSpec
+from tests.runtime.helpers import Seq
+
+
+@message
+@dataclass(frozen=True)
+class AskOther:
+    """Ask ``target`` for ``Seq(n)`` and return the answer (parks while waiting)."""
+
+    target: str
+    """Who to ask."""
+    n: int
+    """What to ask for."""
+
+
+@message
+@dataclass(frozen=True)
+class Sleep:
+    """Sleep ``seconds`` on the I/O pool (``Actor.blocking``), then answer the thread used."""
+
+    seconds: float
+    """How long the blocking call takes."""
+
+
+class Echo(Actor):
+    """Answers ``Seq(n)`` with ``n``; records which thread ran it and overlaps."""
+
+    running: set[str] = set()  # noqa: RUF012 - shared by the test on purpose
+    overlaps: list[str] = []  # noqa: RUF012
+    order: list[tuple[str, int]] = []  # noqa: RUF012
+    gate: threading.Event | None = None
+
+    def on_receive(self, msg: Any) -> Any:
+        match msg:
+            case Seq(n=n):
+                if self.name in Echo.running:
+                    Echo.overlaps.append(self.name)
+                Echo.running.add(self.name)
+                try:
+                    Echo.order.append((self.name, n))
+                    if Echo.gate is not None and n < 0:
+                        Echo.gate.wait(10)
+                    time.sleep(0)  # give another thread the GIL mid-message
+                finally:
+                    Echo.running.discard(self.name)
+                return n
+            case AskOther(target=target, n=n):
+                return self.ask(target, Seq(n), timeout=10)
+            case Sleep(seconds=seconds):
+                return self.blocking(_sleep_and_name, seconds)
+        return None
+
+
+def _sleep_and_name(seconds: float) -> str:
+    time.sleep(seconds)
+    return threading.current_thread().name
+
+
+@pytest.fixture
+def node(run_dir: str) -> Iterator[Node]:
+    Echo.running, Echo.overlaps, Echo.order, Echo.gate = set(), [], [], None
+    options = RuntimeOptions(workers=1, dispatcher_threads=1, throughput=100,
+                             io_threads=2, ask_timeout=10)
+    node = Node(NodeSpec("worker-0", run_dir, options, {"echo": Echo}))
+    yield node
+    if Echo.gate is not None:
+        Echo.gate.set()
+    assert node.shutdown(time.monotonic() + 10)
+
+
+def _threads_of(node: Node) -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("dispatcher:worker-0")]
+
+
+def test_ten_thousand_actors_run_on_the_dispatchers_threads_alone(node: Node) -> None:
+    # Given 10,000 actors, each sent one message
+    endpoint = node.endpoint
+    for i in range(10_000):
+        endpoint.tell(f"echo:{i}", Seq(i))
+    # When the last one answers (each actor's messages are handled in order)
+    assert endpoint.ask("echo:9999", Seq(-9999), timeout=30) == -9999
+    # Then they all ran, on the one dispatcher thread, and no thread was added per actor
+    assert len(node._slots) == 10_000
+    assert _threads_of(node) == ["dispatcher:worker-0/0"]
+    assert len({name for name, _ in Echo.order}) == 10_000
+
+
+def test_an_actor_never_runs_on_two_threads_at_once(run_dir: str) -> None:
+    # Given a dispatcher of four threads and a few actors flooded from several threads
+    Echo.running, Echo.overlaps, Echo.order, Echo.gate = set(), [], [], None
+    options = RuntimeOptions(workers=1, dispatcher_threads=4, throughput=7)
+    node = Node(NodeSpec("worker-0", run_dir, options, {"echo": Echo}))
+    try:
+        def flood(k: int) -> None:
+            for i in range(2_000):
+                node.endpoint.tell(f"echo:{i % 5}", Seq(k * 10_000 + i))
+
+        senders = [threading.Thread(target=flood, args=(k,)) for k in range(3)]
+        for t in senders:
+            t.start()
+        for t in senders:
+            t.join(30)
+        # When every actor has handled everything (an ask is queued behind it all)
+        for i in range(5):
+            assert node.endpoint.ask(f"echo:{i}", Seq(-1), timeout=30) == -1
+        # Then no actor was ever inside on_receive twice at once, and each kept
+        # every sender's order
+        assert Echo.overlaps == []
+        for i in range(5):
+            seen = [n for name, n in Echo.order if name == f"echo:{i}" and n >= 0]
+            assert len(seen) == 1_200
+            for k in range(3):
+                mine = [n for n in seen if n // 10_000 == k]
+                assert mine == sorted(mine)
+    finally:
+        assert node.shutdown(time.monotonic() + 10)
+
+
+def test_a_flooded_actor_does_not_starve_the_others(node: Node) -> None:
+    # Given one actor with 20,000 messages queued, and then 100 others with one each
+    endpoint = node.endpoint
+    endpoint.tell_many("echo:flood", [Seq(i) for i in range(20_000)])
+    for i in range(100):
+        endpoint.tell(f"echo:other{i}", Seq(i))
+    # When the last of the others has answered
+    assert endpoint.ask("echo:other99", Seq(-1), timeout=30) == -1
+    # Then the others ran long before the flood was done: the flooded actor
+    # yielded its thread after every batch of `throughput` messages
+    last_other = max(i for i, (name, _) in enumerate(Echo.order) if name.startswith("echo:oth"))
+    flood_before = sum(1 for name, _ in Echo.order[:last_other] if name == "echo:flood")
+    assert flood_before < 5_000
+    assert endpoint.ask("echo:flood", Seq(-2), timeout=30) == -2
+
+
+def test_asks_from_inside_actors_park_them_and_do_not_hold_the_thread(node: Node) -> None:
+    # Given one dispatcher thread and 1,000 actors that each ask another actor
+    endpoint = node.endpoint
+    answers: list[Any] = []
+    lock = threading.Lock()
+
+    def ask(i: int) -> None:
+        value = endpoint.ask(f"echo:asker{i}", AskOther(f"echo:target{i}", i), timeout=30)
+        with lock:
+            answers.append(value)
+
+    askers = [threading.Thread(target=ask, args=(i,)) for i in range(1_000)]
+    for t in askers:
+        t.start()
+    for t in askers:
+        t.join(60)
+    # Then every in-actor ask was answered: a waiting actor parked, and the
+    # only thread ran the targets meanwhile
+    assert sorted(answers) == list(range(1_000))
+    assert _threads_of(node) == ["dispatcher:worker-0/0"]
+
+
+def test_an_in_actor_ask_times_out_without_holding_the_thread(node: Node) -> None:
+    # Given an actor that asks one that never answers (a deferred reply nobody sends)
+    from tests.runtime.helpers import Deferrer, Later
+
+    node._factories["defer"] = Deferrer
+    endpoint = node.endpoint
+
+    class Asker(Actor):
+        def on_receive(self, msg: Any) -> Any:
+            started = time.monotonic()
+            try:
+                self.ask("defer:x", Later(), timeout=0.3)
+            except Exception as e:
+                return type(e).__name__, time.monotonic() - started
+            return "answered", 0.0
+
+    node._factories["asker"] = Asker
+    result: list[Any] = []
+    t = threading.Thread(target=lambda: result.append(endpoint.ask("asker:a", 1, timeout=10)))
+    t.start()
+    # While the asker is parked, its thread still serves others
+    assert endpoint.ask("echo:free", Seq(5), timeout=5) == 5
+    t.join(10)
+    (name, waited), = result
+    assert name == "AskTimeout"
+    assert 0.3 <= waited < 5
+
+
+def test_blocking_work_runs_on_the_io_pool_while_the_thread_serves_others(node: Node) -> None:
+    # Given an actor in a 0.5 s blocking call
+    endpoint = node.endpoint
+    result: list[str] = []
+    t = threading.Thread(target=lambda: result.append(endpoint.ask("echo:io", Sleep(0.5), 10)))
+    t.start()
+    time.sleep(0.05)
+    # When another actor on the only dispatcher thread is asked meanwhile
+    started = time.monotonic()
+    assert endpoint.ask("echo:quick", Seq(1), timeout=5) == 1
+    # Then it answers at once, and the blocking call ran on an I/O thread
+    assert time.monotonic() - started < 0.4
+    t.join(10)
+    assert result
+    assert result[0].startswith("blocking:worker-0")
+
+
+def test_a_waiter_is_resumed_once_when_a_wake_races_its_timeout() -> None:
+    # Given many waits whose wake and timeout come at the same moment
+    woken = 0
+    for _ in range(2_000):
+        waiter = Waiter()
+        t = threading.Thread(target=waiter.wake, args=(1,))
+        t.start()
+        ok, value = waiter.wait(0.0001)
+        t.join()
+        # Then each wait ends exactly one way, and a late wake is refused
+        assert (ok, value) in {(True, 1), (False, None)}
+        assert waiter.wake(2) is False
+        woken += ok
+    assert 0 <= woken <= 2_000
+
+
+def test_a_dispatcher_runs_inline_what_is_not_inside_an_actor() -> None:
+    dispatcher = Dispatcher("unit", threads=1)
+    dispatcher.start()
+    try:
+        assert dispatcher.blocking(lambda x: x + 1, 1) == 2
+    finally:
+        assert dispatcher.stop(5)
