@@ -202,6 +202,7 @@ class ChannelActor(Actor):
             self.tell(scanner_for(self.topic, self.options.workers), ScanUnregister(self.key))
             self.tell(self.dq, DqDelete())
             self.state = self._new_state()
+            self.stop()  # a reused name creates a fresh channel
             return True
         elif command == "hello":
             if self.deleted:  # the name is in use again: start afresh

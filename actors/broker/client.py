@@ -50,7 +50,7 @@ from actors.broker.messages import (
 )
 from actors.broker.nsq_message import is_valid_channel_name, is_valid_topic_name
 from actors.broker.options import BrokerOptions
-from actors.runtime.actor import Actor
+from actors.runtime.actor import Actor, no_spawn
 from transport.mailbox.envelope import message
 
 log = logging.getLogger(__name__)
@@ -121,6 +121,7 @@ class ClientGone:
     """The connection dropped: its in-flight messages go back to the channel at once."""
 
 
+@no_spawn
 @message
 @dataclass(frozen=True)
 class ClientTick:
@@ -260,6 +261,7 @@ class ClientActor(Actor):
             case ClientGone():
                 self._leave()
                 self.closed = True
+                self.stop()  # the connection is gone: so is its actor
             case ClientClose():
                 # nsqd's CLS: no more deliveries, but the messages in flight stay this
                 # client's to FIN or REQ until it disconnects (which requeues them).

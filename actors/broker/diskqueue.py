@@ -29,7 +29,7 @@ from typing import Any
 from actors.broker.messages import Stored
 from actors.broker.nsq_message import is_ephemeral
 from actors.broker.options import BrokerOptions
-from actors.runtime.actor import Actor
+from actors.runtime.actor import Actor, no_spawn
 from storage import DelayedStore, DiskQueue, NullQueue, StorageError
 from transport.mailbox.envelope import message
 
@@ -76,6 +76,7 @@ class DqRead:
     reply_to: str
 
 
+@no_spawn
 @message
 @dataclass(frozen=True)
 class DqMessages:
@@ -230,6 +231,7 @@ class DiskQueueActor(Actor):
                 if self.delayed is not None:
                     self.delayed.delete()
                 self.queue, self.delayed = None, None
+                self.stop()  # nothing left to own; a reused name starts afresh
             case DqStats():
                 stats = q.stats()
                 if "chunks" in stats:  # msgpack maps need str keys

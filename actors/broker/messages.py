@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from actors.runtime.actor import no_spawn
 from transport.mailbox.envelope import message
 
 # --------------------------------------------------------------- to a channel
@@ -91,6 +92,7 @@ class Unsub:
     client: str
 
 
+@no_spawn
 @message
 @dataclass(frozen=True)
 class Scan:
@@ -116,6 +118,7 @@ class ChannelStats:
     include_clients: bool = True
 
 
+@no_spawn
 @message
 @dataclass(frozen=True)
 class Deliver:
@@ -125,6 +128,7 @@ class Deliver:
     messages: list[bytes]
 
 
+@no_spawn
 @message
 @dataclass(frozen=True)
 class ClientError:
@@ -152,6 +156,7 @@ class Publish:
     corr: int = 0
 
 
+@no_spawn
 @message
 @dataclass(frozen=True)
 class PublishDone:

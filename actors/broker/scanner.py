@@ -24,6 +24,8 @@ import time
 from collections import deque
 from typing import Any
 
+from pykka import ActorDeadError
+
 from actors.broker.messages import (
     ListTopics,
     Scan,
@@ -110,12 +112,18 @@ class ScannerActor(Actor):
     def on_stop(self) -> None:
         self._halt.set()
 
+    def on_failure(self, *_exc_info: Any) -> None:
+        self._halt.set()  # the restarted instance starts a timer of its own
+
     def _tick_loop(self) -> None:
         interval = self.options.queue_scan_interval
         me = self.actor_ref
         while not self._halt.wait(interval):
             if me.actor_inbox.qsize() < 2:  # never pile ticks up behind a slow sweep
-                me.tell(Tick())
+                try:
+                    me.tell(Tick())
+                except ActorDeadError:  # stopped, or crashed and replaced
+                    return
 
     def on_receive(self, msg: Any) -> Any:
         match msg:

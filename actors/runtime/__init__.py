@@ -27,7 +27,7 @@ Quick start::
 See ``docs/ACTORS.md``.
 """
 
-from actors.runtime.actor import Actor
+from actors.runtime.actor import Actor, no_spawn
 from actors.runtime.control import ActorInfo, ControlClient, ProcessInfo
 from actors.runtime.errors import (
     ActorsError,
@@ -62,4 +62,5 @@ __all__ = [
     "UnknownActor",
     "connect",
     "message",
+    "no_spawn",
 ]

@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import pykka
+from pykka._envelope import Envelope
 from pykka.messages import _ActorStop
 
 from actors.runtime.errors import DebugCrash
@@ -46,7 +47,30 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-__all__ = ["Actor", "bind_endpoint", "construct_on", "current_endpoint"]
+__all__ = ["Actor", "bind_endpoint", "construct_on", "current_endpoint", "no_spawn", "spawns"]
+
+NO_SPAWN: set[type] = set()
+"""Message classes that never create their receiver (see :func:`no_spawn`)."""
+
+
+def no_spawn(cls: type[T]) -> type[T]:
+    """Mark a message class that never creates the actor it is sent to.
+
+    Actors are created on demand by the first message for their name.  An
+    actor that stopped (its client left, its channel was deleted) can still
+    be sent a late answer or a sweep that was on its way; such a message,
+    marked with this decorator, is dropped instead of bringing the actor
+    back with nothing to do (``dead letters``).
+    """
+    NO_SPAWN.add(cls)
+    return cls
+
+
+def spawns(message: Any) -> bool:
+    """Whether ``message`` (or the first of a batch) may create its receiver."""
+    first = message.messages[0] if type(message) is Batch else message
+    return type(first) not in NO_SPAWN
+
 
 _constructing = threading.local()
 """Set by the slot while it calls a factory: the mailbox the new actor must use."""
@@ -109,6 +133,14 @@ class Actor(pykka.Actor):
         if isinstance(message, _ActorStop):
             self._stop_requested = True
         return super()._handle_receive(message)
+
+    def stop(self) -> None:
+        """Stop after the messages already queued; the node then forgets this actor.
+
+        ``on_stop`` runs; a later message for the name creates a fresh actor
+        (unless it is :func:`no_spawn`).  Never blocks, even on a full mailbox.
+        """
+        self.actor_inbox.put_force(Envelope(_ActorStop()))
 
     # -- deferred replies -----------------------------------------------------
 

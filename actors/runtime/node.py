@@ -44,9 +44,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pykka import ActorDeadError
 from pykka._envelope import Envelope as PykkaEnvelope
+from pykka.messages import _ActorStop
 
-from actors.runtime.actor import Actor, bind_endpoint
+from actors.runtime.actor import Actor, bind_endpoint, spawns
 from actors.runtime.dispatcher import Dispatcher
 from actors.runtime.endpoint import Endpoint
 from actors.runtime.errors import DebugHooksDisabled, MailboxFull, RuntimeNotRunning, UnknownActor
@@ -124,12 +126,32 @@ class Node:
     # -- Host -------------------------------------------------------------------
 
     def deliver(self, name: str, envelope: PykkaEnvelope[Any], timeout: float | None) -> None:
-        slot = self._slots.get(name) or self._create(name)
+        slot = self._slots.get(name)
+        if slot is None or slot.mailbox.closed:
+            if self._stopping or not spawns(envelope.message):
+                self._dead_letter(name, envelope, slot)
+                return
+            slot = self._create(name)
         try:
             slot.mailbox.put(envelope, timeout=timeout)
         except queue.Full as e:
             msg = f"mailbox of {name} stayed full for {timeout}s"
             raise MailboxFull(msg) from e
+        except ActorDeadError:  # it stopped between the lookup and the put
+            self._dead_letter(name, envelope, slot)
+
+    def _dead_letter(self, name: str, envelope: PykkaEnvelope[Any], slot: ActorSlot | None) -> None:
+        """A message for an actor that has stopped, or that a late message may not create.
+
+        An ask learns it (``ActorDeadError`` / ``UnknownActor``); a tell is
+        dropped, as a message to any stopped actor is.
+        """
+        if envelope.reply_to is not None:
+            error: Exception = (ActorDeadError(f"{name} has stopped") if slot is not None
+                                else UnknownActor(f"no actor {name!r} on {self.spec.node}"))
+            envelope.reply_to.set_exception((type(error), error, None))
+        else:
+            logger.debug("%s: dropped a message for %s, which has stopped", self.spec.node, name)
 
     def system(self, request: Any) -> Any:
         match request:
@@ -168,7 +190,7 @@ class Node:
     def _create(self, name: str) -> ActorSlot:
         with self._lock:
             slot = self._slots.get(name)
-            if slot is not None:
+            if slot is not None and not slot.mailbox.closed:
                 return slot
             if self._stopping:
                 msg = f"{self.spec.node} is shutting down"
@@ -181,10 +203,38 @@ class Node:
                 escalate=self._escalate,
                 dispatcher=self.dispatcher,
                 throughput=self.options.throughput,
+                on_finish=self._forget,
             )
             self._slots[name] = slot
         slot.start()
         return slot
+
+    def _forget(self, slot: ActorSlot, left: list[PykkaEnvelope[Any]]
+                ) -> list[PykkaEnvelope[Any]]:
+        """A slot whose actor stopped by itself goes; what was queued behind goes on.
+
+        Outside a shutdown the name is free again, and the messages that were
+        queued behind the stop are delivered anew: the first that may create
+        an actor creates a fresh one.  At a shutdown the slot stays (for the
+        joins) and the leftovers are returned, to fail.
+        """
+        with self._lock:
+            if self._stopping:
+                return left
+            if self._slots.get(slot.name) is slot:
+                del self._slots[slot.name]
+        for envelope in left:
+            if isinstance(envelope.message, _ActorStop):
+                continue  # a second stop request: the actor it was for is gone
+            try:
+                self.deliver(slot.name, envelope, self.options.send_timeout)
+            except Exception as e:
+                if envelope.reply_to is not None:
+                    envelope.reply_to.set_exception((type(e), e, None))
+                else:
+                    logger.warning("%s: dropped a message for %s: %s", self.spec.node,
+                                   slot.name, e)
+        return []
 
     # -- shutdown -----------------------------------------------------------------
 

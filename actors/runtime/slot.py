@@ -24,8 +24,12 @@ and the thread calls :meth:`ActorSlot.run_batch`, which
    the slot calls ``escalate(name)``; the node then exits with
    ``EXIT_ESCALATED`` and the supervisor restarts the whole process;
 4. on a stop request (pykka's ``_ActorStop``, queued behind earlier
-   messages), runs ``on_stop``, closes the mailbox and fails the asks still
-   queued with ``ActorDeadError``;
+   messages: the node's shutdown, or the actor's own ``self.stop()``), runs
+   ``on_stop``, closes the mailbox, fails the asks still queued with
+   ``ActorDeadError`` and tells the node (``on_finish``).  Outside a
+   shutdown the node forgets the slot and delivers what was queued behind
+   the stop to a fresh actor of the same name (created on demand, as any);
+   at a shutdown the asks among it fail with ``ActorDeadError``;
 5. ends the batch: queued again at the back of its thread's run queue if
    messages wait, idle otherwise.
 
@@ -94,6 +98,7 @@ class ActorSlot:
         "_factory",
         "_handled_before",
         "_intensity",
+        "_on_finish",
         "_owns_dispatcher",
         "_throughput",
         "_worker",
@@ -112,6 +117,7 @@ class ActorSlot:
         escalate: Callable[[str], None],
         dispatcher: Dispatcher | None = None,
         throughput: int = DEFAULT_THROUGHPUT,
+        on_finish: Callable[[ActorSlot, list[Envelope[Any]]], list[Envelope[Any]]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
@@ -122,6 +128,7 @@ class ActorSlot:
         self._clock = clock
         self._throughput = max(1, throughput)
         self._handled_before = 0
+        self._on_finish = on_finish
         self._actor: Actor | None = None
         self._actor_built = False
         self._owns_dispatcher = dispatcher is None
@@ -307,7 +314,10 @@ class ActorSlot:
                 reply_to.set_exception((ActorDeadError, error, None))
 
     def _finish(self) -> list[Envelope[Any]]:
+        """Close the mailbox; return what is left in it that nobody will handle."""
         left = self.mailbox.close()
+        if self._on_finish is not None:
+            left = self._on_finish(self, left)
         if self._owns_dispatcher:
             self._dispatcher.stop(timeout=0)
         return left

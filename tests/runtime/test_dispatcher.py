@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from actors.runtime import Actor, RuntimeOptions, message
+from actors.runtime import Actor, RuntimeOptions, message, no_spawn
 from actors.runtime.dispatcher import Dispatcher, Waiter
 from actors.runtime.node import Node, NodeSpec
 from tests.runtime.helpers import Seq
@@ -240,3 +240,56 @@ def test_a_dispatcher_runs_inline_what_is_not_inside_an_actor() -> None:
         assert dispatcher.blocking(lambda x: x + 1, 1) == 2
     finally:
         assert dispatcher.stop(5)
+
+
+@no_spawn
+@message
+@dataclass(frozen=True)
+class LateAnswer:
+    """A message that never creates its receiver (dropped if the actor has gone)."""
+
+
+class Quitter(Actor):
+    """Stops itself on ``Seq(-1)`` (telling itself ``Seq(99)``) and ``Seq(-2)``."""
+
+    instances = 0
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        Quitter.instances += 1
+        self.seen: list[int] = []
+
+    def on_receive(self, msg: Any) -> Any:
+        match msg:
+            case Seq(n=-1):
+                self.stop()
+                self.tell(self.name, Seq(99))  # queued behind the stop
+            case Seq(n=-2):
+                self.stop()
+            case Seq(n=n):
+                self.seen.append(n)
+            case "seen":
+                return (Quitter.instances, tuple(self.seen))
+        return None
+
+
+def test_an_actor_that_stops_itself_is_forgotten_and_its_name_starts_afresh(node: Node) -> None:
+    Quitter.instances = 0
+    node._factories["quit"] = Quitter
+    endpoint = node.endpoint
+    # Given an actor that handles a message, then stops itself with one more queued behind
+    endpoint.tell_many("quit:a", [Seq(1), Seq(-1)])
+    # Then what was queued behind the stop reaches a fresh instance
+    deadline = time.monotonic() + 5
+    while Quitter.instances < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert endpoint.ask("quit:a", "seen", timeout=5) == (2, (99,))
+    # When it stops again and only a no-spawn message follows
+    endpoint.tell("quit:a", Seq(-2))
+    endpoint.tell("quit:a", LateAnswer())
+    deadline = time.monotonic() + 5
+    while "quit:a" in node._slots and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # Then the node forgot it and the late message did not bring it back
+    assert "quit:a" not in node._slots
+    assert Quitter.instances == 2
