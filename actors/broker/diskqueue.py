@@ -17,12 +17,22 @@ once the write is durable -- in the OS after ``put_many`` returns, and with
 commit*: it syncs only when its inbox is empty, so every write that queued up
 behind one fsync shares it, and then confirms them all.  A failed write
 (disk full) is confirmed with ``E_PUB_FAILED`` instead.
+
+An idle queue lets go of its files: after ``--queue-idle-close`` (10 s) without a
+message, with nothing read-but-unacked, nothing waiting for an fsync and no
+deferred message, the actor closes its `DiskQueue` (and delayed store) -- its
+fds, maps, ring and SQLite memory -- and reopens them on the next message,
+recovering from the files as after any restart.  A broker with 10,000 mostly
+idle topics holds the files of the busy ones only (nsqd keeps idle queues in
+memory the same way).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +59,13 @@ class DqOpen:
     """
 
     rewind: bool = False
+
+
+@no_spawn
+@message
+@dataclass(frozen=True)
+class DqIdle:
+    """To itself, ``--queue-idle-close`` after a message: close the files if still idle."""
 
 
 @message
@@ -147,7 +164,8 @@ def queue_name(owner: str) -> str:
 class DiskQueueActor(Actor):
     """See the module docstring; named ``diskqueue:<topic>`` or ``diskqueue:<topic>/<channel>``."""
 
-    def __init__(self, name: str, options: BrokerOptions) -> None:
+    def __init__(self, name: str, options: BrokerOptions,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(name)
         self.options = options
         self.owner = name.partition(":")[2]
@@ -157,6 +175,9 @@ class DiskQueueActor(Actor):
         self.group_commit = options.sync_every == 1
         self.unsynced: list[tuple[str, int]] = []
         self.commits = 0
+        self.clock = clock
+        self.last_used = clock()
+        self.idle_timer = False
 
     def on_start(self) -> None:
         self._open()
@@ -192,7 +213,14 @@ class DiskQueueActor(Actor):
             self.delayed.close()
 
     def on_receive(self, msg: Any) -> Any:
-        if self.queue is None:  # deleted earlier, and the name is in use again
+        if type(msg) is DqIdle:
+            self._idle()
+            return None
+        self.last_used = self.clock()
+        if not self.idle_timer and self.options.queue_idle_close:
+            self.idle_timer = True
+            self.tell_later(self.options.queue_idle_close, DqIdle())
+        if self.queue is None:  # closed while idle, or deleted and the name in use again
             self._open()
         q = self.queue
         assert q is not None
@@ -261,6 +289,24 @@ class DiskQueueActor(Actor):
         for actor, token in confirms:
             self.tell(actor, Stored(token))
         return True
+
+    def _idle(self) -> None:
+        """Close the files if nothing happened for a while and nothing is pending."""
+        self.idle_timer = False
+        q, delayed = self.queue, self.delayed
+        if q is None:
+            return
+        quiet = self.clock() - self.last_used
+        if quiet < self.options.queue_idle_close:
+            self.idle_timer = True
+            self.tell_later(self.options.queue_idle_close - quiet, DqIdle())
+            return
+        if (not isinstance(q, DiskQueue) or q.pending() or self.unsynced
+                or (delayed is not None and delayed.depth())):
+            return  # in use (in flight, unsynced, deferred) or memory-only: keep it open
+        self._close()
+        self.queue, self.delayed = None, None
+        log.debug("%s: idle for %.0fs, closed its files", self.name, quiet)
 
     @staticmethod
     def _sync(queue: DiskQueue | NullQueue | None, delayed: DelayedStore | None) -> None:

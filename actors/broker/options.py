@@ -131,6 +131,9 @@ class BrokerOptions:
     # -- ours -------------------------------------------------------------------
     zmq_address: str = _opt("tcp://127.0.0.1:4153", "zmq_address", "ZeroMQ endpoint for clients")
     workers: int | None = _opt(None, "int?", "worker processes (default: the CPU count)")
+    queue_idle_close: float = _opt(
+        10.0, "duration", "idle time after which a disk queue closes its files (0: never)"
+    )
     cache_low_watermark: float = _opt(
         40.0, "float", "used-memory percent below which chunks stay cached"
     )

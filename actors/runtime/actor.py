@@ -38,6 +38,7 @@ import pykka
 from pykka._envelope import Envelope
 from pykka.messages import _ActorStop
 
+from actors.runtime.dispatcher import call_later
 from actors.runtime.errors import DebugCrash
 from actors.runtime.future import Future
 from actors.runtime.inbox import DEFAULT_MAILBOX_SIZE, Batch, CrashRequest, Mailbox
@@ -134,6 +135,14 @@ class Actor(pykka.Actor):
             self._stop_requested = True
         return super()._handle_receive(message)
 
+    def tell_later(self, delay: float, message: Any) -> None:
+        """Tell this actor ``message`` after ``delay`` seconds.
+
+        A timer on the actor's dispatcher thread, not a thread: call it from
+        ``on_receive`` / ``on_start``.  Dropped if the actor has stopped by then.
+        """
+        call_later(delay, _Later(self.actor_inbox, message))
+
     def stop(self) -> None:
         """Stop after the messages already queued; the node then forgets this actor.
 
@@ -189,6 +198,19 @@ class Actor(pykka.Actor):
         if dispatcher is None:
             return fn(*args)
         return dispatcher.blocking(fn, *args)
+
+
+class _Later:
+    """A timer that puts one message in a mailbox (see :meth:`Actor.tell_later`)."""
+
+    __slots__ = ("mailbox", "message")
+
+    def __init__(self, mailbox: Mailbox, message: Any) -> None:
+        self.mailbox = mailbox
+        self.message = message
+
+    def expire(self) -> None:
+        self.mailbox.put_force(Envelope(self.message))
 
 
 _endpoint_of_process: Endpoint | None = None

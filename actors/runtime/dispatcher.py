@@ -53,13 +53,21 @@ from typing import Any, Protocol
 
 import greenlet
 
-__all__ = ["Dispatcher", "Runnable", "Waiter", "current_runnable", "in_actor"]
+__all__ = ["Dispatcher", "Runnable", "Timer", "Waiter", "call_later", "current_runnable",
+           "in_actor"]
 
 logger = logging.getLogger(__name__)
 
 _DONE = object()
 _PARKED = object()
 _STOP = object()
+
+
+class Timer(Protocol):
+    """What a worker's timer heap holds: something to expire at its deadline."""
+
+    def expire(self) -> None:
+        """The deadline passed (called on the worker's thread, between batches)."""
 
 
 class Runnable(Protocol):
@@ -79,7 +87,7 @@ class _Worker:
         self.dispatcher = dispatcher
         self.index = index
         self.runq: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.timers: list[tuple[float, int, Waiter]] = []
+        self.timers: list[tuple[float, int, Timer]] = []
         self.hub: greenlet.greenlet | None = None
         self.idle_runners: list[greenlet.greenlet] = []
         self.current: Runnable | None = None
@@ -138,9 +146,9 @@ class _Worker:
         while timers and timers[0][0] <= now:
             heapq.heappop(timers)[2].expire()
 
-    def add_timer(self, deadline: float, waiter: Waiter) -> None:
-        """Expire ``waiter`` at ``deadline`` (called on this worker's own thread only)."""
-        heapq.heappush(self.timers, (deadline, next(_timer_seq), waiter))
+    def add_timer(self, deadline: float, timer: Timer) -> None:
+        """Call ``timer.expire()`` at ``deadline`` (called on this worker's own thread only)."""
+        heapq.heappush(self.timers, (deadline, next(_timer_seq), timer))
 
 
 def _runner_main(runnable: Runnable) -> None:
@@ -169,6 +177,15 @@ class _Resume:
 
 _local = threading.local()
 _timer_seq = itertools.count()
+
+
+def call_later(delay: float, timer: Timer) -> None:
+    """Expire ``timer`` after ``delay`` seconds, on this dispatcher thread (inside an actor)."""
+    worker: _Worker | None = getattr(_local, "worker", None)
+    if worker is None or worker.current is None:
+        msg = "call_later works inside an actor running on a dispatcher"
+        raise RuntimeError(msg)
+    worker.add_timer(time.monotonic() + delay, timer)
 
 
 def in_actor() -> bool:

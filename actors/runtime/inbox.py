@@ -141,6 +141,8 @@ class Mailbox:
 
     def _put_unbounded(self, item: Envelope[Any], *, front: bool) -> None:
         with self._lock:
+            if self.closed:  # a stop or crash request, or a timer, for an actor that has gone
+                return
             if front:
                 self.queue.appendleft(item)
             else:

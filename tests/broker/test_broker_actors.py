@@ -17,6 +17,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import psutil
 import pytest
 
 from actors.broker import Broker
@@ -388,3 +389,33 @@ def test_python_m_actors_broker_runs_and_stops_cleanly_on_sigterm(tmp_path):
             proc.kill()
             proc.wait()
     assert data.is_dir()
+
+
+def _worker_fds(broker: Broker) -> int:
+    (worker,) = [p for p in broker.supervisor.ps() if p.name == "worker-0"]
+    assert worker.pid is not None
+    return psutil.Process(worker.pid).num_fds()
+
+
+def test_an_idle_disk_queue_closes_its_files_and_reopens_them_on_the_next_message(start_broker):
+    # Given durable topics whose messages sit on disk, and queues that close after 0.3 s idle
+    b = start_broker(mem_queue_size=0, queue_idle_close=0.3)
+    idle_fds = _worker_fds(b)
+    for i in range(20):
+        b.publish(f"idle{i}", [b"first"])
+    busy_fds = _worker_fds(b)
+    assert busy_fds > idle_fds + 20
+    # When they have been idle for a while, Then their files are closed
+    wait_for(lambda: _worker_fds(b) <= idle_fds + 5, 10, "idle queues to close their files")
+    # And the next message reopens them: nothing was lost, and delivery goes on
+    b.publish("idle3", [b"second"])
+    c = Client(b, "idler").sub("idle3", "ch")
+    c.wait_messages(2)
+    assert sorted(c.bodies()) == [b"first", b"second"]
+    # And a queue with messages in flight keeps its files while they are
+    time.sleep(0.7)  # two idle periods pass with the messages in flight
+    assert _channel_stats(b, "idle3", "ch")["in_flight_count"] == 2
+    assert _worker_fds(b) >= idle_fds + 3
+    c.fin_all()
+    wait_for(lambda: _channel_stats(b, "idle3", "ch")["in_flight_count"] == 0, 5, "the FINs")
+    assert _channel_stats(b, "idle3", "ch")["depth"] == 0

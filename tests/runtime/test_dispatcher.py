@@ -293,3 +293,33 @@ def test_an_actor_that_stops_itself_is_forgotten_and_its_name_starts_afresh(node
     # Then the node forgot it and the late message did not bring it back
     assert "quit:a" not in node._slots
     assert Quitter.instances == 2
+
+
+class Alarm(Actor):
+    """On ``Seq(n)`` sets an alarm n ms ahead; records how late each went off."""
+
+    rang: list[tuple[int, float]] = []  # noqa: RUF012
+
+    def on_receive(self, msg: Any) -> Any:
+        match msg:
+            case Seq(n=n) if n >= 0:
+                self.tell_later(n / 1000, ("ring", n, time.monotonic()))
+            case ("ring", n, set_at):
+                Alarm.rang.append((n, time.monotonic() - set_at))
+        return None
+
+
+def test_tell_later_is_a_timer_on_the_dispatcher_not_a_thread(node: Node) -> None:
+    Alarm.rang = []
+    node._factories["alarm"] = Alarm
+    threads_before = threading.active_count()
+    # Given 1,000 actors each setting an alarm, the later ones sooner
+    for i in range(1_000):
+        node.endpoint.tell(f"alarm:{i}", Seq(300 - i % 300))
+    deadline = time.monotonic() + 10
+    while len(Alarm.rang) < 1_000 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # Then every alarm went off, none before its time, and no thread was started for them
+    assert len(Alarm.rang) == 1_000
+    assert all(waited >= n / 1000 for n, waited in Alarm.rang)
+    assert threading.active_count() <= threads_before + 2  # the I/O pool may grow, not per timer
