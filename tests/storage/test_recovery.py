@@ -185,3 +185,55 @@ def test_a_torn_ack_journal_record_is_cut_off(open_queue, tmp_path):
     q = open_queue(ack_mode=True)
     assert q.stats()["corruptions"] == 0
     assert [m for _, m in q.read_many(5)] == [b"c"]
+
+
+def _no_listing(monkeypatch) -> None:
+    def refuse(*_args):
+        raise AssertionError("the queue listed the data directory")
+    monkeypatch.setattr(os, "listdir", refuse)
+
+
+def test_a_queue_finds_its_chunks_without_listing_the_directory(open_queue, tmp_path,
+                                                                monkeypatch):
+    # Given a queue over many small chunks, the oldest consumed (and deleted)
+    q = open_queue(max_bytes_per_file=1024, sync_every=1)
+    q.put_many([b"m%03d" % i + b"x" * 60 for i in range(200)])
+    got = [q.get() for _ in range(120)]
+    q.close()
+    assert len(chunk_files(tmp_path)) < 20
+    # And more chunks written after the metadata last recorded the live range
+    q = open_queue(max_bytes_per_file=1024, sync_every=10**9)
+    q.put_many([b"n%03d" % i + b"x" * 60 for i in range(50)])
+    q.close()
+    # When it reopens and the directory may not be listed
+    _no_listing(monkeypatch)
+    q = open_queue(max_bytes_per_file=1024)
+    # Then it finds every chunk still alive, in order
+    rest = drain(q)
+    assert [m[:4] for m in got + rest] == (
+        [b"m%03d" % i for i in range(200)] + [b"n%03d" % i for i in range(50)])
+
+
+def test_a_new_queue_is_created_without_listing_the_directory(open_queue, monkeypatch):
+    _no_listing(monkeypatch)
+    q = open_queue("fresh")
+    q.put(b"one")
+    assert drain(q) == [b"one"]
+
+
+def test_metadata_without_a_chunk_range_is_read_by_listing_and_then_gets_one(open_queue,
+                                                                            tmp_path):
+    # Given a queue whose metadata was written by an older build (no chunk range)
+    q = open_queue(max_bytes_per_file=1024)
+    q.put_many([b"x" * 60 for _ in range(40)])
+    q.close()
+    meta_path = tmp_path / "q.diskqueue.meta.dat"
+    import json
+
+    meta = json.loads(meta_path.read_bytes())
+    del meta["chunks"]
+    meta_path.write_text(json.dumps(meta))
+    # When it is opened, Then every message is there, and the range is recorded again
+    q = open_queue(max_bytes_per_file=1024)
+    assert len(drain(q)) == 40
+    assert "chunks" in json.loads(meta_path.read_bytes())
