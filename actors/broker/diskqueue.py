@@ -249,7 +249,12 @@ class DiskQueueActor(Actor):
                     assert q is not None
                 deferred = self.delayed.entries() if self.delayed is not None else []
                 # Un-acked messages of an earlier life are readable again: depth counts them.
-                return q.depth() + q.pending(), deferred
+                answer = q.depth() + q.pending(), deferred
+                # Owners ask this when they start, all at once at a broker's boot: a queue
+                # that is not in use lets go of its files at once rather than when idle, so
+                # 10,000 topics booting do not hold 130,000 files open together.
+                self._release()
+                return answer
             case DqEmpty():
                 q.empty()
                 if self.delayed is not None:
@@ -293,20 +298,25 @@ class DiskQueueActor(Actor):
     def _idle(self) -> None:
         """Close the files if nothing happened for a while and nothing is pending."""
         self.idle_timer = False
-        q, delayed = self.queue, self.delayed
-        if q is None:
+        if self.queue is None:
             return
         quiet = self.clock() - self.last_used
         if quiet < self.options.queue_idle_close:
             self.idle_timer = True
             self.tell_later(self.options.queue_idle_close - quiet, DqIdle())
             return
-        if (not isinstance(q, DiskQueue) or q.pending() or self.unsynced
-                or (delayed is not None and delayed.depth())):
-            return  # in use (in flight, unsynced, deferred) or memory-only: keep it open
+        if self._release():
+            log.debug("%s: idle for %.0fs, closed its files", self.name, quiet)
+
+    def _release(self) -> bool:
+        """Close the files unless something needs them open; True if closed."""
+        q, delayed = self.queue, self.delayed
+        if (not self.options.queue_idle_close or not isinstance(q, DiskQueue) or q.pending()
+                or self.unsynced or (delayed is not None and delayed.depth())):
+            return False  # in use (in flight, unsynced, deferred) or memory-only: keep it open
         self._close()
         self.queue, self.delayed = None, None
-        log.debug("%s: idle for %.0fs, closed its files", self.name, quiet)
+        return True
 
     @staticmethod
     def _sync(queue: DiskQueue | NullQueue | None, delayed: DelayedStore | None) -> None:
