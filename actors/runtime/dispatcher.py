@@ -159,6 +159,8 @@ def _runner_main(runnable: Runnable) -> None:
     while True:
         try:
             runnable.run_batch()
+        except greenlet.GreenletExit:  # a parked runner collected at shutdown: let it end
+            raise
         except BaseException:  # a slot must never let one escape; keep the thread alive
             logger.exception("dispatcher: %s raised out of its batch", runnable.name)
         runnable = hub.switch(_DONE)
