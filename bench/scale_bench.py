@@ -40,7 +40,6 @@ import selectors
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -51,9 +50,12 @@ from dataclasses import dataclass, field
 import psutil
 import zmq
 
+from transport.nsq.client_codec import ClientConnection, ErrorFrame, Response
+from transport.nsq.codec import CLOSED, NEED_DATA
+from transport.protocol.commands import Heartbeat, Nop, Sub
+from transport.protocol.validation import ProtocolError
+
 NSQD_DEFAULT = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "nsq", "bin", "nsqd")
-MAGIC = b"  V2"
-HEARTBEAT = b"_heartbeat_"
 
 
 def free_port() -> int:
@@ -197,12 +199,15 @@ def _role(p: psutil.Process) -> str:
 
 
 class TcpConsumers:
-    """Many idle NSQ V2 consumers on one selector: SUB, then answer heartbeats."""
+    """Many idle NSQ V2 consumers on one selector: SUB, then answer heartbeats.
+
+    Each connection is driven by our sans-IO client codec (``ClientConnection``).
+    """
 
     def __init__(self, port: int) -> None:
         self.port = port
         self.sel = selectors.DefaultSelector()
-        self.buffers: dict[socket.socket, bytearray] = {}
+        self.codecs: dict[socket.socket, ClientConnection] = {}
         self.subscribed: set[socket.socket] = set()
         self.closed = 0
         self.errors: list[str] = []
@@ -210,15 +215,16 @@ class TcpConsumers:
 
     def open(self, topic: str, channel: str) -> socket.socket:
         s = socket.create_connection(("127.0.0.1", self.port), timeout=30)
-        s.sendall(MAGIC + f"SUB {topic} {channel}\n".encode())
+        codec = ClientConnection()
+        s.sendall(codec.send(Sub(topic, channel)))
         s.setblocking(False)
-        self.buffers[s] = bytearray()
+        self.codecs[s] = codec
         self.sel.register(s, selectors.EVENT_READ)
         return s
 
     def close(self, s: socket.socket) -> None:
         self.sel.unregister(s)
-        self.buffers.pop(s, None)
+        self.codecs.pop(s, None)
         self.subscribed.discard(s)
         s.close()
 
@@ -234,35 +240,28 @@ class TcpConsumers:
                     continue
                 except OSError as e:
                     self.errors.append(str(e))
-                    self.closed += 1
-                    self.close(s)
-                    continue
-                if not data:
-                    self.closed += 1
-                    self.close(s)
-                    continue
-                buf = self.buffers[s]
-                buf += data
-                self._frames(s, buf)
+                    data = b""
+                codec = self.codecs[s]
+                codec.receive_data(data)
+                self._events(s, codec)
 
-    def _frames(self, s: socket.socket, buf: bytearray) -> None:
-        while len(buf) >= 8:
-            size, kind = struct.unpack(">ii", buf[:8])
-            if len(buf) < 4 + size:
+    def _events(self, s: socket.socket, codec: ClientConnection) -> None:
+        while (event := codec.next_event()) is not NEED_DATA:
+            if event is CLOSED or isinstance(event, ProtocolError):
+                self.closed += 1
+                self.close(s)
                 return
-            payload = bytes(buf[8:4 + size])
-            del buf[:4 + size]
-            if kind == 0 and payload == b"OK":
+            if isinstance(event, Response) and event.data == b"OK":
                 self.subscribed.add(s)
-            elif kind == 0 and payload == HEARTBEAT:
+            elif isinstance(event, Heartbeat):
                 self.heartbeats += 1
                 with contextlib.suppress(OSError):
-                    s.sendall(b"NOP\n")
-            elif kind == 1:
-                self.errors.append(payload.decode(errors="replace"))
+                    s.sendall(codec.send(Nop()))
+            elif isinstance(event, ErrorFrame):
+                self.errors.append(f"{event.error.code} {event.error}")
 
     def shutdown(self) -> None:
-        for s in list(self.buffers):
+        for s in list(self.codecs):
             self.close(s)
         self.sel.close()
 

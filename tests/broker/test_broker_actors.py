@@ -412,8 +412,10 @@ def test_an_idle_disk_queue_closes_its_files_and_reopens_them_on_the_next_messag
     c = Client(b, "idler").sub("idle3", "ch")
     c.wait_messages(2)
     assert sorted(c.bodies()) == [b"first", b"second"]
-    # And a queue with messages in flight keeps its files while they are
-    time.sleep(2.5)  # two idle periods pass with the messages in flight
+    # And a queue with messages in flight keeps its files while they are: once
+    # the topic's own queue, idle, has closed its files, the channel's still has its own
+    open_now = _worker_fds(b)
+    wait_for(lambda: _worker_fds(b) <= open_now - 2, 15, "the topic's idle queue to close")
     assert _channel_stats(b, "idle3", "ch")["in_flight_count"] == 2
     assert _worker_fds(b) >= idle_fds + 2
     c.fin_all()

@@ -13,7 +13,6 @@ import contextlib
 import http.client
 import selectors
 import socket
-import struct
 import time
 from collections.abc import Iterator
 
@@ -23,6 +22,11 @@ import zmq
 
 from actors.broker import Broker
 from tests.broker.conftest import broker_options
+from tests.broker.test_broker_actors import wait_for
+from transport.nsq.client_codec import ClientConnection, ErrorFrame, Response
+from transport.nsq.codec import CLOSED, NEED_DATA
+from transport.protocol import commands as pc
+from transport.protocol.validation import ProtocolError
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -47,22 +51,24 @@ def _max_threads() -> int:
 
 
 class Subscribers:
-    """NSQ V2 consumers on one selector: magic + SUB, count OKs, answer heartbeats."""
+    """NSQ V2 consumers on one selector, each driven by our sans-IO client codec:
+    SUB, count OKs, answer heartbeats."""
 
     def __init__(self, address: str) -> None:
         host, port = address.rsplit(":", 1)
         self.address = (host, int(port))
         self.sel = selectors.DefaultSelector()
-        self.buffers: dict[socket.socket, bytearray] = {}
+        self.codecs: dict[socket.socket, ClientConnection] = {}
         self.ok = 0
-        self.errors: list[bytes] = []
+        self.errors: list[str] = []
         self.closed_by_broker = 0
 
     def open(self, topic: str, channel: str) -> None:
         s = socket.create_connection(self.address, timeout=30)
-        s.sendall(b"  V2" + f"SUB {topic} {channel}\n".encode())
+        codec = ClientConnection()
+        s.sendall(codec.send(pc.Sub(topic, channel)))
         s.setblocking(False)
-        self.buffers[s] = bytearray()
+        self.codecs[s] = codec
         self.sel.register(s, selectors.EVENT_READ)
 
     def pump_until(self, done: int, timeout: float) -> None:
@@ -70,33 +76,27 @@ class Subscribers:
         while self.ok + len(self.errors) < done and time.monotonic() < deadline:
             for key, _ in self.sel.select(0.2):
                 s: socket.socket = key.fileobj  # type: ignore[assignment]
-                data = s.recv(65536)
-                if not data:
-                    self.closed_by_broker += 1
-                    self._drop(s)
-                    continue
-                buf = self.buffers[s]
-                buf += data
-                while len(buf) >= 8:
-                    size, kind = struct.unpack(">ii", buf[:8])
-                    if len(buf) < 4 + size:
+                codec = self.codecs[s]
+                codec.receive_data(s.recv(65536))
+                while (event := codec.next_event()) is not NEED_DATA:
+                    if event is CLOSED or isinstance(event, ProtocolError):
+                        self.closed_by_broker += 1
+                        self._drop(s)
                         break
-                    payload = bytes(buf[8:4 + size])
-                    del buf[:4 + size]
-                    if kind == 0 and payload == b"OK":
+                    if isinstance(event, Response) and event.data == b"OK":
                         self.ok += 1
-                    elif kind == 0 and payload == b"_heartbeat_":
-                        s.sendall(b"NOP\n")
-                    elif kind == 1:
-                        self.errors.append(payload)
+                    elif isinstance(event, pc.Heartbeat):
+                        s.sendall(codec.send(pc.Nop()))
+                    elif isinstance(event, ErrorFrame):
+                        self.errors.append(str(event.error))
 
     def _drop(self, s: socket.socket) -> None:
         self.sel.unregister(s)
-        del self.buffers[s]
+        del self.codecs[s]
         s.close()
 
     def close(self) -> None:
-        for s in list(self.buffers):
+        for s in list(self.codecs):
             self._drop(s)
         self.sel.close()
 
@@ -147,11 +147,8 @@ def test_three_thousand_subscribers_are_served_on_a_bounded_number_of_threads(br
             d.close(0)
         ctx.term()
     # When they all leave, Then their actors and fds go with them
-    deadline = time.monotonic() + 60
-    while _client_actors(broker) > 300 and time.monotonic() < deadline:
-        time.sleep(0.1)
     # (ZeroMQ sessions end by missing heartbeats, not by a TCP close: not awaited here)
-    assert _client_actors(broker) <= 300
+    wait_for(lambda: _client_actors(broker) <= 300, 60, "the TCP clients' actors to stop")
     assert gateway.num_fds() <= fds_idle + 50
     assert _max_threads() <= MAX_THREADS
 

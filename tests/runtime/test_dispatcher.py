@@ -33,11 +33,8 @@ class AskOther:
 
 @message
 @dataclass(frozen=True)
-class Sleep:
-    """Sleep ``seconds`` on the I/O pool (``Actor.blocking``), then answer the thread used."""
-
-    seconds: float
-    """How long the blocking call takes."""
+class Hold:
+    """Block on the I/O pool (``Actor.blocking``) until the test releases it; answer its thread."""
 
 
 class Echo(Actor):
@@ -64,13 +61,18 @@ class Echo(Actor):
                 return n
             case AskOther(target=target, n=n):
                 return self.ask(target, Seq(n), timeout=10)
-            case Sleep(seconds=seconds):
-                return self.blocking(_sleep_and_name, seconds)
+            case Hold():
+                return self.blocking(_held)
         return None
 
 
-def _sleep_and_name(seconds: float) -> str:
-    time.sleep(seconds)
+HELD = threading.Event()
+RELEASE = threading.Event()
+
+
+def _held() -> str:
+    HELD.set()
+    RELEASE.wait(10)
     return threading.current_thread().name
 
 
@@ -201,18 +203,22 @@ def test_an_in_actor_ask_times_out_without_holding_the_thread(node: Node) -> Non
 
 
 def test_blocking_work_runs_on_the_io_pool_while_the_thread_serves_others(node: Node) -> None:
-    # Given an actor in a 0.5 s blocking call
+    # Given an actor held inside a blocking call
+    HELD.clear()
+    RELEASE.clear()
     endpoint = node.endpoint
     result: list[str] = []
-    t = threading.Thread(target=lambda: result.append(endpoint.ask("echo:io", Sleep(0.5), 10)))
+    t = threading.Thread(target=lambda: result.append(endpoint.ask("echo:io", Hold(), 10)))
     t.start()
-    time.sleep(0.05)
-    # When another actor on the only dispatcher thread is asked meanwhile
-    started = time.monotonic()
-    assert endpoint.ask("echo:quick", Seq(1), timeout=5) == 1
-    # Then it answers at once, and the blocking call ran on an I/O thread
-    assert time.monotonic() - started < 0.4
+    assert HELD.wait(5)
+    try:
+        # When another actor on the only dispatcher thread is asked meanwhile
+        # Then it answers while the call is still held
+        assert endpoint.ask("echo:quick", Seq(1), timeout=5) == 1
+    finally:
+        RELEASE.set()
     t.join(10)
+    # And the blocking call ran on an I/O thread
     assert result
     assert result[0].startswith("blocking:worker-0")
 
