@@ -53,7 +53,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import zmq
-from pykka import ActorDeadError, Timeout
+from pykka import Timeout
 from pykka._envelope import Envelope as PykkaEnvelope
 
 from actors.runtime.dispatcher import Dispatcher
@@ -422,7 +422,7 @@ class Endpoint:
             except MailboxFull:
                 self._read_replies()
                 continue
-            except (UnknownActor, ActorDeadError, RuntimeNotRunning) as e:
+            except (UnknownActor, RuntimeNotRunning) as e:
                 if envelope.reply_to is not None:
                     envelope.reply_to.set_exception((type(e), e, None))
                 else:

@@ -92,10 +92,10 @@ class Mailbox:
 
     def get(self, block: bool = True, timeout: float | None = None) -> Envelope[Any]:
         """Take the next entry; never blocks (``queue.Empty`` when there is none)."""
-        envelope = self.pop()
-        if envelope is None:
+        entry = self.pop()
+        if entry is None:
             raise queue.Empty
-        return envelope
+        return entry[0]
 
     def put(self, item: Envelope[Any], block: bool = True, timeout: float | None = None) -> None:
         """Append ``item``; wait up to ``timeout`` for room (``queue.Full`` if none came)."""
@@ -156,13 +156,15 @@ class Mailbox:
 
     # -- the slot's side ---------------------------------------------------------------
 
-    def pop(self) -> Envelope[Any] | None:
-        """Take the next entry (None if empty) and wake senders waiting for room."""
+    def pop(self) -> tuple[Envelope[Any], int] | None:
+        """Take the next entry and the messages it carries (None if empty); wake senders
+        waiting for room."""
         with self._lock:
             if not self.queue:
                 return None
             envelope = self.queue.popleft()
-            self.depth -= size_of(envelope)
+            n = size_of(envelope)
+            self.depth -= n
             room = self._room
             if room and self.depth < self.maxsize:
                 waiters, self._room = room, []
@@ -172,7 +174,7 @@ class Mailbox:
             for waiter in waiters:
                 waiter.wake()
         self.current = envelope
-        return envelope
+        return envelope, n
 
     def end_batch(self) -> bool:
         """The actor finished a batch: True if it must be queued again (messages wait)."""

@@ -55,7 +55,7 @@ from pykka.messages import _ActorStop
 
 from actors.runtime.actor import Actor, construct_on
 from actors.runtime.dispatcher import Dispatcher
-from actors.runtime.inbox import Batch, CrashRequest, Mailbox, size_of
+from actors.runtime.inbox import Batch, CrashRequest, Mailbox
 
 __all__ = ["DEFAULT_THROUGHPUT", "ActorSlot", "RestartIntensity"]
 
@@ -91,7 +91,6 @@ class ActorSlot:
 
     __slots__ = (
         "_actor",
-        "_actor_built",
         "_clock",
         "_dispatcher",
         "_escalate",
@@ -130,7 +129,6 @@ class ActorSlot:
         self._handled_before = 0
         self._on_finish = on_finish
         self._actor: Actor | None = None
-        self._actor_built = False
         self._owns_dispatcher = dispatcher is None
         if dispatcher is None:  # a slot on its own (unit tests): a one-thread dispatcher
             dispatcher = Dispatcher(f"slot-{name}", threads=1, io_threads=1)
@@ -200,16 +198,16 @@ class ActorSlot:
             return
         actor = self._actor
         if actor is None:
-            actor = self._start_instance() or self._restart(())
+            actor = self._start_instance() or self._restart()
             if actor is None:
                 return
         budget = self._throughput
         pop = mailbox.pop
         while budget > 0:
-            envelope = pop()
-            if envelope is None:
+            entry = pop()
+            if entry is None:
                 break
-            n = size_of(envelope)
+            envelope, n = entry
             if n > budget:  # a batch bigger than what is left: the rest waits its turn
                 messages = envelope.message.messages
                 mailbox.put_front(Envelope(Batch(messages[budget:])))
@@ -255,11 +253,12 @@ class ActorSlot:
             actor.on_failure(*exc_info)
         except Exception:
             actor._handle_failure(*sys.exc_info())
-        unprocessed = tuple(actor._unprocessed)
+        if actor._unprocessed:  # the rest of the crashed batch goes first to the next instance
+            self.mailbox.put_front(Envelope(Batch(tuple(actor._unprocessed))))
         self._retire(actor)
-        return self._restart(unprocessed)
+        return self._restart()
 
-    def _restart(self, unprocessed: tuple[Any, ...]) -> Actor | None:
+    def _restart(self) -> Actor | None:
         """Build fresh instances until one starts; None when the intensity is exceeded."""
         while True:
             if not self._intensity.allow(self._clock()):
@@ -269,24 +268,18 @@ class ActorSlot:
                 return None
             self.restarts += 1
             logger.warning("restarting actor %s (restart %d)", self.name, self.restarts)
-            actor = self._start_instance(unprocessed)
+            actor = self._start_instance()
             if actor is not None:
                 return actor
-            if self._actor_built:
-                unprocessed = ()  # the tail is in the mailbox already
 
-    def _start_instance(self, unprocessed: tuple[Any, ...] = ()) -> Actor | None:
-        """Build an instance, queue ``unprocessed`` first, run ``on_start``; None on failure."""
-        self._actor_built = False
+    def _start_instance(self) -> Actor | None:
+        """Build an instance and run its ``on_start``; None on failure."""
         try:
             actor = construct_on(self.mailbox, self._factory, self.name)
         except Exception:
             logger.exception("factory for actor %s failed", self.name)
             return None
-        self._actor_built = True
         actor.restart_count = self.restarts
-        if unprocessed:
-            self.mailbox.put_front(Envelope(Batch(unprocessed)))
         self._actor = actor
         try:
             actor.on_start()
