@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import logging
 import os
 import re
@@ -844,11 +845,18 @@ class DiskQueue:
         self._put_meta(state)
         self._meta_state = state
 
-    def _put_meta(self, state: tuple[int, int]) -> None:
-        """Write the metadata: ``state`` as the read position, and the live chunk range."""
+    def _put_meta(self, state: tuple[int, int], closed: dict[str, int] | None = None) -> None:
+        """Write the metadata: ``state`` as the read position, and the live chunk range.
+
+        `closed` (written by `close` only, dropped by every other write) lets
+        `closed_depth` answer without opening the queue.
+        """
         cursor, index = state
-        write_json(self._meta_path, {"version": META_VERSION, "cursor": cursor, "index": index,
-                                     "chunks": [self._oldest, self._wchunk]})
+        meta: dict[str, Any] = {"version": META_VERSION, "cursor": cursor, "index": index,
+                                "chunks": [self._oldest, self._wchunk]}
+        if closed is not None:
+            meta["closed"] = closed
+        write_json(self._meta_path, meta)
 
     def _compact_journal(self) -> None:
         """Rewrite the ack journal with only the acks above the floor (read lock held)."""
@@ -934,12 +942,28 @@ class DiskQueue:
         fsync_dir(self.data_path)
 
     def close(self) -> None:
-        """Sync and release everything; further use raises `QueueClosedError`."""
+        """Sync and release everything; further use raises `QueueClosedError`.
+
+        The metadata then records the depth a reopen will find, with the size
+        of the last chunk and of the ack journal, for `closed_depth`.
+        """
         with self._rlock, self._wlock:
-            if self._writer is None:
+            w = self._writer
+            if w is None:
                 return
-            self._sync_locked()
-            self._writer.close(truncate=True)
+            depth = self.depth() + self.pending()  # un-acked messages are read again
+            w.close(truncate=True)  # the data and the file's size on disk (fsync)
+            acks = 0
+            if self._journal_fd >= 0:
+                os.fsync(self._journal_fd)
+                acks = os.fstat(self._journal_fd).st_size
+            with self._metalock:
+                state = self._floor()
+                self._put_meta(state, {"depth": depth, "chunk": w.number, "end": w.end,
+                                       "acks": acks})
+                self._meta_state = state
+            self._unsynced = 0
+            self._c["syncs"] += 1
             self._writer = None
             self._closed = True
             if self._view is not None and not self._view.cached:
@@ -950,6 +974,39 @@ class DiskQueue:
                 os.close(self._journal_fd)
                 self._journal_fd = -1
         self._wake()
+
+    @staticmethod
+    def closed_depth(name: str, data_path: str | os.PathLike[str]) -> int | None:
+        """The depth a reopen of queue `name` would find, without opening it.
+
+        Known when the queue was last closed by `close` and its files have
+        not changed since: the last chunk and the ack journal have the sizes
+        `close` recorded and no later chunk exists (a put grows the last
+        chunk or starts a new one, an ack grows the journal, and any metadata
+        write drops the record).  None otherwise -- never closed cleanly
+        (``kill -9``, power loss), or in use since: open the queue to know.
+        A broker restarting with 10,000 idle topics answers their owners
+        this way instead of opening 30,000 queues.
+        """
+        prefix = os.path.join(os.fspath(data_path), f"{name}.diskqueue.")
+        try:
+            with open(prefix + "meta.dat", "rb") as f:
+                closed = json.loads(f.read()).get("closed")
+            depth, chunk, end, acks = (closed["depth"], closed["chunk"], closed["end"],
+                                       closed["acks"])
+            if not all(type(x) is int and x >= 0 for x in (depth, chunk, end, acks)):
+                return None
+            if os.stat(f"{prefix}{chunk:06d}.dat").st_size != end:
+                return None
+            if os.path.exists(f"{prefix}{chunk + 1:06d}.dat"):
+                return None
+            try:
+                journal = os.stat(prefix + "acks.dat").st_size
+            except FileNotFoundError:
+                journal = 0
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            return None
+        return depth if journal == acks else None
 
     def delete(self) -> None:
         """Close and remove every file of the queue."""

@@ -88,6 +88,7 @@ class ChannelActor(Actor):
         self.state = self._new_state()
         self.put_confirms: list[tuple[str, int]] = []
         self.defer_confirms: list[tuple[str, int]] = []
+        self.swept = False  # registered with the scanner (it has work to expire)
 
     def _new_state(self) -> ChannelState:
         o = self.options
@@ -101,7 +102,6 @@ class ChannelActor(Actor):
         # rewind: a restarted channel lost its in-flight list; offer those messages again
         depth, deferred = self.ask(self.dq, DqOpen(rewind=True), timeout=30)
         self.state.restore(depth if self.durable else 0, [tuple(e) for e in deferred])
-        self.tell(scanner_for(self.topic, self.options.workers), ScanRegister(self.key))
         self.tell(f"topic:{self.topic}", ChannelUp(self.channel))
         self._after()
 
@@ -155,7 +155,10 @@ class ChannelActor(Actor):
             case Scan(now_ns=now, reply_to=reply_to):
                 dirty = s.process(now)
                 self._after()
-                self.tell(reply_to, ScanDone(self.key, dirty))
+                idle = not (s.in_flight or s.deferred)
+                if idle:
+                    self.swept = False
+                self.tell(reply_to, ScanDone(self.key, dirty, idle))
                 return None
             case ChannelCommand(command=command):
                 return self._command(command)
@@ -199,7 +202,10 @@ class ChannelActor(Actor):
             for client in list(s.clients):
                 self.tell(client, ClientError(("E_INVALID", f"channel {self.key} was deleted",
                                                True)))
-            self.tell(scanner_for(self.topic, self.options.workers), ScanUnregister(self.key))
+            if self.swept:
+                self.swept = False
+                self.tell(scanner_for(self.topic, self.options.workers),
+                          ScanUnregister(self.key))
             self.tell(self.dq, DqDelete())
             self.state = self._new_state()
             self.stop()  # a reused name creates a fresh channel
@@ -219,10 +225,14 @@ class ChannelActor(Actor):
     def _after(self) -> None:
         if self.deleted:
             return
-        self.state.pump(self.clock())
-        fx = self.state.take_effects()
+        s = self.state
+        s.pump(self.clock())
+        fx = s.take_effects()
         if fx:
             self._apply(fx)
+        if not self.swept and (s.in_flight or s.deferred):
+            self.swept = True  # until a Scan finds it idle again
+            self.tell(scanner_for(self.topic, self.options.workers), ScanRegister(self.key))
 
     def _apply(self, fx: Effects) -> None:
         dq = self.dq

@@ -365,7 +365,10 @@ class ChannelState:
                 self._deliver_run(ready_clients[0], now)
             elif ready_clients:
                 self._deliver_each(ready_clients, now)
-        if not self.ready and self.disk_depth and not self.reading and self.durable:
+        if (not self.ready and self.disk_depth and not self.reading and self.durable
+                and any(c.in_flight < c.rdy for c in self.clients.values())):
+            # Read only for a client with room (as nsqd's messagePump): a backlog
+            # nobody consumes stays on disk, and its queue may close its files.
             self.reading = True
             self.effects.disk_read = self.read_batch
 

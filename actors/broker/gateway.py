@@ -36,11 +36,12 @@ from actors.broker.client import (
     ClientTick,
     ClientTouch,
 )
-from actors.broker.messages import ListTopics, Publish, TopicCommand, TopicStats
+from actors.broker.messages import Publish, TopicCommand, TopicStats
 from actors.broker.options import BrokerOptions, run_dir_for
 from actors.runtime.actor import Actor, current_endpoint
 from actors.runtime.control import ControlClient
-from actors.runtime.placement import Placement
+from actors.runtime.placement import GATEWAY, Placement
+from actors.runtime.system import ActorSummary, ListActors
 from transport.mailbox.envelope import message
 from transport.nsq import codec as nsq_codec
 from transport.protocol import commands as pc
@@ -98,19 +99,29 @@ class GatewayFacade:
             raise ProtocolError("E_INVALID", f"unknown topic command {command}")
         _raise(self._ask(f"topic:{topic}", TopicCommand(_COMMANDS[command], channel)))
 
-    def topics(self) -> list[str]:
+    def _topic_actors(self) -> list[str]:
+        """Names of the topic actors on every worker (some may be names only: asked
+        about, never created, or deleted -- their `TopicStats` answer is None)."""
+        endpoint = current_endpoint()
         names: list[str] = []
-        for i in range(self.placement.workers):
-            names.extend(self._ask(f"scanner:{i}", ListTopics()))
+        for node in self.placement.nodes:
+            if node != GATEWAY:
+                names.extend(a["name"] for a in endpoint.ask_node(node, ListActors("topic:"),
+                                                                  self.timeout))
         return sorted(names)
 
     def stats(self, topic: str | None, channel: str | None,
               include_clients: bool) -> dict[str, Any]:
+        names = [n for n in self._topic_actors() if not topic or n == f"topic:{topic}"]
+        replies = current_endpoint().ask_many(
+            [(n, TopicStats(include_clients, existing_only=True)) for n in names], self.timeout)
         topics = []
-        for name in self.topics():
-            if topic and name != topic:
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+            if reply is None:
                 continue
-            stats = dict(self._ask(f"topic:{name}", TopicStats(include_clients)))
+            stats = dict(reply)
             chans = [dict(c) for c in stats.get("channels", ())]
             if channel:
                 chans = [c for c in chans if c.get("channel_name") == channel]
@@ -121,9 +132,18 @@ class GatewayFacade:
         try:
             with ControlClient(run_dir_for(self.options.data_path), timeout=2.0) as ctl:
                 out["processes"] = [_plain(p) for p in ctl.ps()]
-                out["actors"] = [_plain(a) for a in ctl.actors()]
         except Exception as e:
             out["processes_error"] = str(e)
+        # Per kind of actor and node, not per actor: 10,000 topics are 50,000 actors
+        # (`python -m actors.ctl actors` lists them one by one).
+        actors: list[dict[str, Any]] = []
+        for node in self.placement.nodes:
+            try:
+                actors.extend(dict(row) for row in current_endpoint().ask_node(
+                    node, ActorSummary(), 2.0))
+            except Exception as e:
+                out.setdefault("actors_error", f"{node}: {e}")
+        out["actors"] = actors
         return out
 
     def health(self) -> str | None:

@@ -218,6 +218,9 @@ class TopicStats:
     """Ask: the topic's stats with its channels' (nsqd's /stats shape)."""
 
     include_clients: bool = True
+    existing_only: bool = False
+    """None instead of stats if the topic does not exist (the actor is only a name:
+    asked about, or deleted)."""
 
 
 # ---------------------------------------------------------------- to a scanner
@@ -226,7 +229,7 @@ class TopicStats:
 @message
 @dataclass(frozen=True)
 class ScanRegister:
-    """A channel (`topic/channel`) on this worker wants sweeps."""
+    """A channel (`topic/channel`) on this worker has work in flight or deferred: sweep it."""
 
     channel: str
 
@@ -242,38 +245,20 @@ class ScanUnregister:
 @message
 @dataclass(frozen=True)
 class ScanDone:
-    """A channel's answer to `Scan`: whether it had expired work."""
+    """A channel's answer to `Scan`: whether it had expired work, and whether it has
+    nothing in flight or deferred any more (`idle`: it leaves the sweep)."""
 
     channel: str
     dirty: bool
+    idle: bool = False
 
 
 @message
 @dataclass(frozen=True)
 class Tick:
-    """The scanner's own timer: time for a sweep."""
+    """The scanner's own timer: time for a sweep (ignored unless `epoch` is the instance's)."""
 
-
-@message
-@dataclass(frozen=True)
-class TopicRegister:
-    """A topic on this worker exists (the scanner keeps the worker's topic list)."""
-
-    topic: str
-
-
-@message
-@dataclass(frozen=True)
-class TopicUnregister:
-    """A topic on this worker was deleted."""
-
-    topic: str
-
-
-@message
-@dataclass(frozen=True)
-class ListTopics:
-    """Ask: the names of the topics that exist on this worker."""
+    epoch: int = 0
 
 
 # ----------------------------------------------------------- to a client actor

@@ -1,13 +1,18 @@
 """The scanner actor: nsqd's queueScanLoop, as messages (`scanner:<worker index>`).
 
-One scanner runs on every worker and sweeps the channels hosted there (it
-also keeps the list of the worker's topics, for ``/stats``).
-Every ``--queue-scan-interval`` (a timer thread tells the actor ``Tick``) it
-picks up to ``--queue-scan-selection-count`` random channels and sends each
-``Scan(now)``; a channel processes its in-flight and deferred queues for
-``now`` and answers ``ScanDone(dirty)``.  If more than
-``--queue-scan-dirty-percent`` of the selection had expired work, another
-round starts at once; otherwise the scanner waits for the next tick.
+One scanner runs on every worker and sweeps the channels hosted there that
+have work to expire.  A channel registers (``ScanRegister``) when it first
+has a message in flight or deferred, and leaves the sweep by answering a
+``Scan`` with ``idle`` once it has neither -- so 10,000 idle channels cost
+the scanner nothing, a broker's boot sends it nothing, and a busy channel is
+never diluted by idle ones in the random selection (nsqd samples every
+channel, idle or not).
+Every ``--queue-scan-interval`` (``Tick``, a timer on the actor's own
+dispatcher thread) it picks up to ``--queue-scan-selection-count`` random
+channels and sends each ``Scan(now)``; a channel processes its in-flight and
+deferred queues for ``now`` and answers ``ScanDone(dirty, idle)``.  If more
+than ``--queue-scan-dirty-percent`` of the selection had expired work,
+another round starts at once; otherwise the scanner waits for the next tick.
 
 The *pool* follows nsqd: at most ``clamp(channels / 4, 1,
 --queue-scan-worker-pool-max)`` scans are outstanding at a time -- channels
@@ -17,25 +22,14 @@ class :class:`ScanRound` (rng and time passed in); the actor adds the timer.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
-import threading
 import time
 from collections import deque
 from typing import Any
 
-from pykka import ActorDeadError
-
-from actors.broker.messages import (
-    ListTopics,
-    Scan,
-    ScanDone,
-    ScanRegister,
-    ScanUnregister,
-    Tick,
-    TopicRegister,
-    TopicUnregister,
-)
+from actors.broker.messages import Scan, ScanDone, ScanRegister, ScanUnregister, Tick
 from actors.broker.options import BrokerOptions
 from actors.runtime.actor import Actor
 
@@ -87,6 +81,9 @@ class ScanRound:
         return self.selected > 0 and self.dirty / self.selected > dirty_percent
 
 
+_epochs = itertools.count(1)
+
+
 class ScannerActor(Actor):
     """See the module docstring."""
 
@@ -95,52 +92,27 @@ class ScannerActor(Actor):
         self.options = options
         self.clock = clock
         self.channels: set[str] = set()
-        self.topics: set[str] = set()
         self.round: ScanRound | None = None
         self.round_started = 0.0
         self.rng = random.Random()
-        self._halt = threading.Event()
-        self._timer: threading.Thread | None = None
         self.rounds = 0
+        # A restarted instance keeps the mailbox, and with it the last instance's
+        # pending tick: ticks carry the instance's epoch, so only one chain runs.
+        self.epoch = next(_epochs)
 
     def on_start(self) -> None:
-        self._halt.clear()
-        self._timer = threading.Thread(target=self._tick_loop, name=f"{self.name}-timer",
-                                       daemon=True)
-        self._timer.start()
-
-    def on_stop(self) -> None:
-        self._halt.set()
-
-    def on_failure(self, *_exc_info: Any) -> None:
-        self._halt.set()  # the restarted instance starts a timer of its own
-
-    def _tick_loop(self) -> None:
-        interval = self.options.queue_scan_interval
-        me = self.actor_ref
-        while not self._halt.wait(interval):
-            if me.actor_inbox.qsize() < 2:  # never pile ticks up behind a slow sweep
-                try:
-                    me.tell(Tick())
-                except ActorDeadError:  # stopped, or crashed and replaced
-                    return
+        self.tell_later(self.options.queue_scan_interval, Tick(self.epoch))
 
     def on_receive(self, msg: Any) -> Any:
         match msg:
             case ScanRegister(channel=channel):
                 self.channels.add(channel)
-            case TopicRegister(topic=topic):
-                self.topics.add(topic)
-            case TopicUnregister(topic=topic):
-                self.topics.discard(topic)
-            case ListTopics():
-                return sorted(self.topics)
             case ScanUnregister(channel=channel):
-                self.channels.discard(channel)
-                if self.round is not None:
-                    self.round.forget(channel)
-                    self._maybe_finish()
-            case Tick():
+                self._forget(channel)
+            case Tick(epoch=epoch):
+                if epoch != self.epoch:
+                    return None
+                self.tell_later(self.options.queue_scan_interval, Tick(self.epoch))
                 if self.round is None:
                     self._start_round()
                 elif time.monotonic() - self.round_started > 10 * max(
@@ -148,7 +120,9 @@ class ScannerActor(Actor):
                     log.warning("%s: a sweep has waited too long for %s; starting afresh",
                                 self.name, sorted(self.round.outstanding))
                     self._start_round()
-            case ScanDone(channel=channel, dirty=dirty):
+            case ScanDone(channel=channel, dirty=dirty, idle=idle):
+                if idle:  # nothing in flight or deferred: out of the sweep until it registers
+                    self.channels.discard(channel)
                 if self.round is not None:
                     self.round.done(channel, dirty)
                     self._send()
@@ -156,6 +130,12 @@ class ScannerActor(Actor):
             case _:
                 log.warning("%s: unexpected message %r", self.name, msg)
         return None
+
+    def _forget(self, channel: str) -> None:
+        self.channels.discard(channel)
+        if self.round is not None:
+            self.round.forget(channel)
+            self._maybe_finish()
 
     def _start_round(self) -> None:
         if not self.channels:

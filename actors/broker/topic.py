@@ -32,7 +32,6 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from actors.broker.channel import scanner_for
 from actors.broker.diskqueue import (
     DqAck,
     DqDelete,
@@ -65,9 +64,7 @@ from actors.broker.messages import (
     PublishEncoded,
     Stored,
     TopicCommand,
-    TopicRegister,
     TopicStats,
-    TopicUnregister,
 )
 from actors.broker.nsq_message import (
     GuidFactory,
@@ -183,12 +180,7 @@ class TopicActor(Actor):
             return None
 
     def _mark_exists(self) -> None:
-        if not self.exists:
-            self.exists = True
-            self.tell(self._scanner(), TopicRegister(self.topic))
-
-    def _scanner(self) -> str:
-        return scanner_for(self.topic, self.options.workers)
+        self.exists = True
 
     def _write_meta(self) -> None:
         self._mark_exists()
@@ -243,7 +235,9 @@ class TopicActor(Actor):
                 self._delete_channel(channel)
             case TopicCommand(command=command, arg=arg):
                 return self._guard(lambda: self._command(command, arg))
-            case TopicStats(include_clients=include_clients):
+            case TopicStats(include_clients=include_clients, existing_only=existing_only):
+                if existing_only and not self.exists:
+                    return None
                 return self._stats(include_clients)
             case _:
                 log.warning("%s: unexpected message %r", self.name, msg)
@@ -440,8 +434,6 @@ class TopicActor(Actor):
             self._delete_topic()
 
     def _delete_topic(self) -> None:
-        if self.exists:
-            self.tell(self._scanner(), TopicUnregister(self.topic))
         for channel in list(self.channels):
             self._channel(channel, "delete")
         if not self.ephemeral:
@@ -451,13 +443,11 @@ class TopicActor(Actor):
         self._reset()
 
     def _stats(self, include_clients: bool) -> dict[str, Any]:
-        channels = []
-        for channel in sorted(self.channels):
-            try:
-                channels.append(self.ask(self._channel_name(channel),
-                                         ChannelStats(include_clients), timeout=5))
-            except Exception as e:
-                channels.append({"channel_name": channel, "error": str(e)})
+        names = sorted(self.channels)
+        replies = self.ask_many([(self._channel_name(c), ChannelStats(include_clients))
+                                 for c in names], timeout=5)
+        channels = [{"channel_name": c, "error": str(r)} if isinstance(r, Exception) else r
+                    for c, r in zip(names, replies, strict=True)]
         return {
             "topic_name": self.topic,
             "depth": len(self.memory) + self.disk_depth,

@@ -187,6 +187,12 @@ class Actor(pykka.Actor):
         """
         return _endpoint().ask(name, message, timeout)
 
+    def ask_many(self, requests: Sequence[tuple[str, Any]],
+                 timeout: float | None = None) -> list[Any]:
+        """Ask every ``(name, message)`` at once and park once for all the replies;
+        an exception stands in place of each reply that failed (`Endpoint.ask_many`)."""
+        return _endpoint().ask_many(requests, timeout)
+
     def blocking(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` on the node's I/O pool (fsync, SQLite, file work) and return it.
 

@@ -49,6 +49,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -207,6 +208,51 @@ class Endpoint:
         """
         node = self.placement.node_for(name)
         return self._ask(node, name, message, timeout)
+
+    def ask_many(self, requests: Sequence[tuple[str, Any]],
+                 timeout: float | None = None) -> list[Any]:
+        """Send every ``(name, message)`` ask at once, then collect the replies.
+
+        One round trip for the lot instead of one each: the answers come back
+        in the order asked, an exception (AskTimeout, RemoteActorError, ...) in
+        place of each reply that failed.  ``timeout`` bounds the whole call.
+        """
+        if timeout is None:
+            timeout = self.options.ask_timeout
+        deadline = time.monotonic() + timeout
+        waits: list[tuple[str, Future | None, int, Any]] = []
+        for name, message in requests:
+            node = self.placement.node_for(name)
+            try:
+                if node == self.node and self.host is not None:
+                    future = Future()
+                    self.host.deliver(name, PykkaEnvelope(message, reply_to=future), timeout)
+                    waits.append((name, future, 0, None))
+                    continue
+                request_id = next(self._ids)
+                future = self._pending[request_id] = Future()
+                self._send(node, registry.encode(ASK, name, self.node, (message,),
+                                                 reply_to=self._reply_node,
+                                                 request_id=request_id))
+                waits.append((name, future, request_id, None))
+            except Exception as e:  # the caller gets it in its place
+                waits.append((name, None, 0, e))
+        results: list[Any] = []
+        for name, future, request_id, error in waits:
+            if future is None:
+                results.append(error)
+                continue
+            try:
+                value = future.get(timeout=max(0.0, deadline - time.monotonic()))
+                results.append(_result(*value) if request_id else value)
+            except Timeout:
+                results.append(AskTimeout(f"no reply from {name} within {timeout}s"))
+            except Exception as e:
+                results.append(e)
+            finally:
+                if request_id:
+                    self._pending.pop(request_id, None)
+        return results
 
     def ask_node(self, node: str, request: Any, timeout: float | None = None) -> Any:
         """Send a system request to ``node`` and return the reply."""

@@ -55,7 +55,7 @@ from actors.runtime.errors import DebugHooksDisabled, MailboxFull, RuntimeNotRun
 from actors.runtime.options import EXIT_ESCALATED, LOG_FORMAT, RuntimeOptions
 from actors.runtime.placement import Placement, split_name
 from actors.runtime.slot import ActorSlot, RestartIntensity
-from actors.runtime.system import Crash, ListActors, Ping, Spawn
+from actors.runtime.system import ActorSummary, Crash, ListActors, Ping, Spawn
 
 __all__ = ["Node", "NodeSpec", "node_main"]
 
@@ -157,8 +157,24 @@ class Node:
         match request:
             case Ping():
                 return (self.spec.node, os.getpid())
-            case ListActors():
-                return tuple(slot.info() for slot in list(self._slots.values()))
+            case ListActors(prefix=prefix):
+                return tuple(slot.info() for name, slot in list(self._slots.items())
+                             if name.startswith(prefix))
+            case ActorSummary():
+                kinds: dict[str, dict[str, Any]] = {}
+                for slot in list(self._slots.values()):
+                    kind = split_name(slot.name)[0]
+                    row = kinds.get(kind)
+                    if row is None:
+                        row = kinds[kind] = {"kind": kind, "node": self.spec.node, "count": 0,
+                                             "alive": 0, "depth": 0, "handled": 0,
+                                             "restarts": 0}
+                    row["count"] += 1
+                    row["alive"] += slot.alive
+                    row["depth"] += slot.mailbox.depth
+                    row["handled"] += slot.handled
+                    row["restarts"] += slot.restarts
+                return tuple(kinds[k] for k in sorted(kinds))
             case Spawn(name=name):
                 created = name not in self._slots
                 self._slots.get(name) or self._create(name)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from transport.mailbox.envelope import message
 
-__all__ = ["SYSTEM", "Crash", "ListActors", "Ping", "Spawn"]
+__all__ = ["SYSTEM", "ActorSummary", "Crash", "ListActors", "Ping", "Spawn"]
 
 SYSTEM = "$system"
 """Destination name of system requests; never a valid actor name."""
@@ -26,6 +26,20 @@ class Ping:
 @dataclass(frozen=True)
 class ListActors:
     """Reply: a tuple of dicts (name, depth, handled, restarts, alive), one per slot."""
+
+    prefix: str = ""
+    """Only the slots whose name starts with this (``"topic:"``)."""
+
+
+@message
+@dataclass(frozen=True)
+class ActorSummary:
+    """Reply: one dict per kind of actor on the node (``topic``, ``client``, ...): ``kind``,
+    ``node``, ``count``, ``alive``, and ``depth``, ``handled``, ``restarts`` summed.
+
+    Bounded whatever the number of actors (``/stats`` and ``/metrics`` use it; the
+    per-actor list is ``ListActors``, for ``python -m actors.ctl actors``).
+    """
 
 
 @message

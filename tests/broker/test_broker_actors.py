@@ -171,6 +171,44 @@ def test_an_unfinished_message_is_redelivered_after_its_timeout(start_broker):
     assert _channel_stats(b, "t", "c")["timeout_count"] >= 1
 
 
+def test_a_channel_that_went_idle_is_swept_again_when_work_comes_back(start_broker):
+    # Given a channel whose only message was finished: a sweep finds it idle, and it
+    # leaves the scanner's list (the scanner sweeps only channels with work to expire)
+    b = start_broker()
+    c = Client(b, "sweep").sub("t", "c", rdy=1, timeout_ms=1000)
+    b.publish("t", [b"done"])
+    c.wait_messages(1)
+    c.fin_all()
+    wait_for(lambda: _channel_stats(b, "t", "c")["in_flight_count"] == 0, what="the FIN")
+    handled = {a.name: a.handled for a in b.supervisor.actors()}["channel:t/c"]
+    # (sweeps every 20 ms: the next ones find it idle; then no Scan reaches it)
+    wait_for(lambda: {a.name: a.handled for a in b.supervisor.actors()}["channel:t/c"]
+             > handled, what="a sweep of the idle channel")
+    settled = _settled_handled(b, "channel:t/c")
+    assert _settled_handled(b, "channel:t/c") == settled
+    # When a new message is left unfinished
+    c.messages.clear()
+    b.publish("t", [b"work"])
+    (first,) = c.wait_messages(1)
+    c.messages.clear()
+    # Then its timeout is still noticed: it comes back
+    (again,) = c.wait_messages(1, timeout=10)
+    assert decode_message(again).id == decode_message(first).id
+
+
+def _settled_handled(b: Broker, name: str) -> int:
+    """The actor's handled count once it stopped moving for 0.3 s (15 sweep intervals);
+    fails if it never does."""
+    last = -1
+    for _ in range(20):
+        now = {a.name: a.handled for a in b.supervisor.actors()}[name]
+        if now == last:
+            return now
+        last = now
+        time.sleep(0.3)
+    raise AssertionError(f"{name} kept handling messages (an idle channel still swept?)")
+
+
 def test_req_with_a_delay_and_dpub_are_delivered_when_due(start_broker):
     b = start_broker()
     c = Client(b, "c").sub("t", "c", rdy=10)

@@ -236,6 +236,21 @@ def test_a_message_delivered_max_attempts_times_goes_to_the_dead_letters():
     assert ch.depth() == 0
 
 
+def test_a_backlog_on_disk_is_read_only_for_a_client_with_room():
+    # Given a channel restored with messages on disk and nobody to take them
+    ch = channel(mem_queue_size=0)
+    ch.restore(3, [])
+    ch.pump(0)
+    assert ch.take_effects().disk_read == 0  # (nsqd's messagePump reads for a ready client)
+    ch.subscribe("a", SECOND)
+    ch.pump(0)
+    assert ch.take_effects().disk_read == 0  # subscribed, RDY 0
+    # When the client says it is ready, Then the disk is read
+    ch.set_rdy("a", 1)
+    ch.pump(0)
+    assert ch.take_effects().disk_read == ch.read_batch
+
+
 def test_beyond_the_memory_queue_messages_go_to_disk_and_come_back_in_batches():
     ch = channel(mem_queue_size=2)
     ch.put(msgs(5))

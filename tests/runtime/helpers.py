@@ -57,6 +57,23 @@ class Relay:
     """How many messages to send."""
 
 
+@message
+@dataclass(frozen=True)
+class AskAll:
+    """Ask every target at once (``Endpoint.ask_many``): ``Whoami`` each, ``Boom`` the
+    ones in ``boom``; return ``(name, pid)`` per answer, the error's type name per failure."""
+
+    targets: tuple[str, ...]
+    boom: tuple[str, ...] = ()
+
+
+def ask_all(asker: Any, msg: AskAll) -> tuple[Any, ...]:
+    replies = asker.ask_many([(t, Boom() if t in msg.boom else Whoami()) for t in msg.targets],
+                             timeout=5)
+    return tuple(type(r).__name__ if isinstance(r, Exception) else tuple(r[:2])
+                 for r in replies)
+
+
 class Recorder(Actor):
     """Records every Seq; answers GetLog, Whoami, Forward and Relay; raises on Boom."""
 
@@ -77,6 +94,8 @@ class Recorder(Actor):
                 return (self.name, os.getpid(), id(self))
             case Forward(target=target):
                 return self.ask(target, Whoami(), timeout=5)
+            case AskAll():
+                return ask_all(self, msg)
             case Relay(target=target, count=count):
                 for i in range(count):
                     self.tell(target, Seq(i))

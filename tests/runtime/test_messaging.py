@@ -12,7 +12,7 @@ import pytest
 from actors.runtime import AskTimeout, RemoteActorError, Supervisor, UnknownActor, connect, message
 from actors.runtime.placement import Placement
 from tests.runtime.conftest import wait_until
-from tests.runtime.helpers import Boom, Forward, GetLog, Relay, Seq, Whoami
+from tests.runtime.helpers import AskAll, Boom, Forward, GetLog, Relay, Seq, Whoami, ask_all
 
 StartRuntime = Callable[..., Supervisor]
 
@@ -56,6 +56,29 @@ def test_an_actor_asks_actors_in_its_own_and_in_another_process(
     node_pid = pids(rt)[rt.placement.node_for(first)]
     assert rt.ask(first, Forward(second), timeout=5)[:2] == (second, node_pid)
     assert rt.ask(first, Forward("client:1"), timeout=5)[:2] == ("client:1", pids(rt)["gateway"])
+
+
+def test_ask_many_sends_every_ask_at_once_and_answers_in_order_with_errors_in_place(
+    start_runtime: StartRuntime,
+) -> None:
+    rt = start_runtime()
+    first, second = same_node_names(rt, 2)
+    other = next(f"rec:{i}" for i in range(1000)
+                 if rt.placement.node_for(f"rec:{i}") != rt.placement.node_for(first))
+    ids = pids(rt)
+    targets = (second, other, "client:1", "rec:bad", "nobody:1")
+    expected = ((second, ids[rt.placement.node_for(second)]),
+                (other, ids[rt.placement.node_for(other)]),
+                ("client:1", ids["gateway"]), "RemoteActorError", "UnknownActor")
+    # From inside an actor (in-process and remote asks, one park for all the replies)
+    assert rt.ask(first, AskAll(targets, boom=("rec:bad",)), timeout=10) == expected
+    # And from a plain thread
+    endpoint = connect(rt.run_dir)
+    try:
+        assert ask_all(endpoint, AskAll(targets, boom=("rec:bad",))) == expected
+        assert endpoint.ask_many([]) == []
+    finally:
+        endpoint.close()
 
 
 def test_ten_thousand_tells_arrive_in_the_order_sent(start_runtime: StartRuntime) -> None:

@@ -122,3 +122,59 @@ def test_empty_in_ack_mode_drops_pending_messages_too(open_queue):
     q.close()
     q = open_queue(ack_mode=True)
     assert q.read() is None
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_cleanly_closed_queue_tells_the_depth_a_reopen_will_find_without_opening(
+        open_queue, tmp_path, seed):
+    import random
+
+    rng = random.Random(seed)
+    # Given a queue with puts across chunks, reads, and acks in any order
+    q = open_queue(ack_mode=True, max_bytes_per_file=300)
+    read: list[int] = []
+    for _ in range(rng.randrange(5, 40)):
+        op = rng.random()
+        if op < 0.5:
+            q.put_many([b"m%04d" % rng.randrange(10_000) for _ in range(rng.randrange(1, 6))])
+        elif op < 0.8:
+            read.extend(p for p, _ in q.read_many(rng.randrange(1, 6)))
+        elif read:
+            q.ack_many([read.pop(rng.randrange(len(read))) for _ in range(min(3, len(read)))])
+    # When it is closed
+    q.close()
+    told = dq_mod.DiskQueue.closed_depth("q", tmp_path)
+    # Then the depth it tells is what a reopen finds (un-acked messages read again)
+    q = open_queue(ack_mode=True, max_bytes_per_file=300)
+    assert told is not None
+    assert told == q.depth()
+    q.close()
+
+
+def test_a_queue_used_since_its_close_or_never_closed_tells_nothing(open_queue, tmp_path):
+    closed_depth = dq_mod.DiskQueue.closed_depth
+    # Never opened, and open but never closed: unknown
+    assert closed_depth("q", tmp_path) is None
+    q = open_queue(ack_mode=True)
+    q.put_many([b"a", b"b"])
+    assert closed_depth("q", tmp_path) is None
+    q.close()
+    assert closed_depth("q", tmp_path) == 2
+    # A put after a reopen grows the last chunk: unknown until the next close
+    q = open_queue(ack_mode=True)
+    assert closed_depth("q", tmp_path) == 2  # opened only: the files are as they were
+    q.put(b"c")
+    assert closed_depth("q", tmp_path) is None
+    q.close()
+    assert closed_depth("q", tmp_path) == 3
+    # An ack grows the journal: unknown (a kill -9 now must not be answered from the record)
+    q = open_queue(ack_mode=True)
+    pos, _ = q.read()
+    q.ack(pos)
+    assert closed_depth("q", tmp_path) is None
+    q.close()
+    assert closed_depth("q", tmp_path) == 2
+    # A damaged record is no answer either
+    meta = tmp_path / "q.diskqueue.meta.dat"
+    meta.write_text(meta.read_text().replace('"depth": 2', '"depth": "two"'))
+    assert closed_depth("q", tmp_path) is None

@@ -148,16 +148,20 @@ PROCESS_FAMILIES: tuple[Family, ...] = (
 """Per process of the pool, labelled ``process`` and ``role``."""
 
 ACTOR_FAMILIES: tuple[Family, ...] = (
-    _family("nsq_actor_up", "gauge",
-            "1 if the actor's thread is running, else 0.", "alive"),
+    _family("nsq_actors", "gauge",
+            "Actors of this kind on the node.", "count"),
+    _family("nsq_actors_up", "gauge",
+            "Actors of this kind on the node that are running.", "alive"),
     _family("nsq_actor_mailbox_depth", "gauge",
-            "Messages waiting in the actor's mailbox.", "mailbox_depth", "depth"),
+            "Messages waiting in the mailboxes of the actors of this kind.",
+            "mailbox_depth", "depth"),
     _family("nsq_actor_messages_handled_total", "counter",
-            "Messages the actor handled.", "handled"),
+            "Messages the actors of this kind handled.", "handled"),
     _family("nsq_actor_restarts_total", "counter",
-            "Times the actor was restarted after raising.", "restarts"),
+            "Times actors of this kind were restarted after raising.", "restarts"),
 )
-"""Per actor, labelled ``actor`` and ``node``."""
+"""Per kind of actor (``topic``, ``channel``, ``diskqueue``, ``client``, ...), labelled
+``kind`` and ``node``: bounded, whatever the number of topics and clients."""
 
 _BROKER_FAMILIES: tuple[Family, ...] = (
     _family("nsq_healthy", "gauge",
@@ -280,7 +284,7 @@ def render_metrics(stats: Mapping[str, Any], *, health: str | None = None,
 
     for actor in stats.get("actors") or ():
         if isinstance(actor, Mapping):
-            labels = {"actor": _text(actor.get("name")), "node": _text(actor.get("node"))}
+            labels = {"kind": _text(actor.get("kind")), "node": _text(actor.get("node"))}
             out.entry(ACTOR_FAMILIES, labels, actor)
     return out.render()
 
@@ -357,7 +361,8 @@ def format_stats_text(stats: Mapping[str, Any], health: str, version: str, now: 
     actors = stats.get("actors") or []
     if actors:
         lines += ["", "Actors:"]
-        lines.extend(f"   [{a.get('name', '')!s:<40}] node: {a.get('node', '')} "
+        lines.extend(f"   [{a.get('kind', '')!s:<10}] node: {a.get('node', '')!s:<9} "
+                     f"count: {_num(a, 'count'):<6} alive: {_num(a, 'alive'):<6} "
                      f"mailbox: {_num(a, 'mailbox_depth', _num(a, 'depth'))} "
                      f"handled: {_num(a, 'handled')} restarts: {_num(a, 'restarts')}"
                      for a in actors)

@@ -60,8 +60,8 @@ def sample_stats() -> dict[str, Any]:
                        "alive": True},
                       {"name": "worker-0", "role": "worker", "pid": 12, "restarts": 2,
                        "alive": False}],
-        "actors": [{"name": "topic:orders", "node": "worker-0", "depth": 4, "handled": 99,
-                    "restarts": 1, "alive": True}],
+        "actors": [{"kind": "topic", "node": "worker-0", "count": 2, "alive": 2, "depth": 4,
+                    "handled": 99, "restarts": 1}],
     }
 
 
@@ -600,7 +600,8 @@ def test_stats_text_lays_out_topics_channels_and_clients_as_nsqd() -> None:
     assert client.endswith("connected: 1m30s")
     assert "Producers: None" in lines
     assert any(line.startswith("   [worker-0 ") and "restarts: 2" in line for line in lines)
-    assert any(line.startswith("   [topic:orders ") and "mailbox: 4" in line for line in lines)
+    assert any(line.startswith("   [topic ") and "count: 2 " in line and "mailbox: 4" in line
+               for line in lines)
 
 
 def test_stats_text_without_topics_says_none_and_survives_odd_fields() -> None:
@@ -701,11 +702,12 @@ def test_metrics_exports_process_and_actor_stats(server: HttpServer) -> None:
     worker = {"process": "worker-0", "role": "worker"}
     assert value_of(families, "nsq_process_up", **worker) == 0
     assert value_of(families, "nsq_process_restarts_total", **worker) == 2
-    actor = {"actor": "topic:orders", "node": "worker-0"}
-    assert value_of(families, "nsq_actor_mailbox_depth", **actor) == 4
-    assert value_of(families, "nsq_actor_messages_handled_total", **actor) == 99
-    assert value_of(families, "nsq_actor_restarts_total", **actor) == 1
-    assert value_of(families, "nsq_actor_up", **actor) == 1
+    topics = {"kind": "topic", "node": "worker-0"}
+    assert value_of(families, "nsq_actors", **topics) == 2
+    assert value_of(families, "nsq_actors_up", **topics) == 2
+    assert value_of(families, "nsq_actor_mailbox_depth", **topics) == 4
+    assert value_of(families, "nsq_actor_messages_handled_total", **topics) == 99
+    assert value_of(families, "nsq_actor_restarts_total", **topics) == 1
 
 
 def test_metrics_say_unhealthy(server: HttpServer, facade: FakeFacade) -> None:
@@ -715,11 +717,11 @@ def test_metrics_say_unhealthy(server: HttpServer, facade: FakeFacade) -> None:
 
 
 def test_metrics_escape_label_values() -> None:
-    name = 'we"ird\\actor\nname'
-    text = render_metrics({"actors": [{"name": name, "node": "n", "handled": 1}]})
-    assert 'actor="we\\"ird\\\\actor\\nname"' in text
+    name = 'we"ird\\kind\nname'
+    text = render_metrics({"actors": [{"kind": name, "node": "n", "handled": 1}]})
+    assert 'kind="we\\"ird\\\\kind\\nname"' in text
     families = parse_exposition(text)
-    assert value_of(families, "nsq_actor_messages_handled_total", actor=name, node="n") == 1
+    assert value_of(families, "nsq_actor_messages_handled_total", kind=name, node="n") == 1
     assert escape_label_value('a"b') == 'a\\"b'
 
 
