@@ -45,6 +45,8 @@ from actors.broker.topic import TopicActor, topics_on_disk
 from actors.runtime.options import LOG_FORMAT
 from actors.runtime.placement import GATEWAY, Placement
 from actors.runtime.supervisor import Supervisor
+from storage.dirlock import DirLock
+from storage.errors import StorageError
 
 log = logging.getLogger("actors.broker")
 
@@ -84,27 +86,36 @@ class Broker:
 
     def __init__(self, options: BrokerOptions) -> None:
         self.options = options.resolved()
-        o = self.options
-        os.makedirs(o.data_path, exist_ok=True)
-        self.supervisor = Supervisor(
-            run_dir_for(o.data_path), factories(o), workers=o.workers,
-            shutdown_timeout=o.shutdown_timeout, debug_hooks=o.debug_hooks,
-            stop_order=STOP_ORDER, boot=partial(boot_names, o),
-            log_level=_LOG_LEVELS.get(o.log_level, logging.INFO))
+        self.lock = DirLock(self.options.data_path)
+        self.supervisor: Supervisor | None = None
 
     def start(self) -> Broker:
-        """Start every process; raises RuntimeError (after stopping) if a listener cannot bind."""
-        self.supervisor.start()
+        """Lock the data directory, then start every process.
+
+        Raises `DirLockedError` (another broker owns the directory: nothing in it
+        was touched), `StorageError` (it cannot be created or written), or
+        RuntimeError (after stopping) if a listener cannot bind.
+        """
+        o = self.options
+        # The children of a broker whose supervisor was killed hold the lock for the
+        # second they take to stop: wait for them rather than fail.
+        self.lock.acquire(wait=o.shutdown_timeout + 2)
         try:
+            self.supervisor = Supervisor(
+                run_dir_for(o.data_path), factories(o), workers=o.workers,
+                shutdown_timeout=o.shutdown_timeout, debug_hooks=o.debug_hooks,
+                stop_order=STOP_ORDER, boot=partial(boot_names, o),
+                log_level=_LOG_LEVELS.get(o.log_level, logging.INFO),
+                shared_fds=(self.lock.fd,))
+            self.supervisor.start()
             self.listeners = {p: self.supervisor.ask(f"listener:{p}", ListenerInfo(), 30)
                               for p in LISTENERS}
+            failed = [info["error"] for info in self.listeners.values() if info["error"]]
+            if failed:
+                raise RuntimeError("; ".join(failed))
         except BaseException:
-            self.supervisor.stop()
+            self.stop()
             raise
-        failed = [info["error"] for info in self.listeners.values() if info["error"]]
-        if failed:
-            self.supervisor.stop()
-            raise RuntimeError("; ".join(failed))
         return self
 
     @property
@@ -123,7 +134,11 @@ class Broker:
         return int(self.listeners["http"]["port"])
 
     def stop(self) -> bool:
-        return self.supervisor.stop()
+        """Orderly shutdown; True if every process exited cleanly.  Releases the lock."""
+        try:
+            return self.supervisor.stop() if self.supervisor is not None else True
+        finally:
+            self.lock.release()
 
     def __enter__(self) -> Broker:
         return self.start()
@@ -152,6 +167,10 @@ def _raise(reply: Any) -> None:
         raise from_wire(reply)
 
 
+class _Interrupted(BaseException):
+    """SIGTERM or SIGINT while the broker starts."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         options = parse_options(argv)
@@ -161,15 +180,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=_LOG_LEVELS.get(options.log_level, logging.INFO),
                         format=LOG_FORMAT.format(node="supervisor"))
     stop = threading.Event()
+    starting = True
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop.set()
+        if starting:  # whatever start() waits for: stop now (start() cleans up)
+            raise _Interrupted(signal.Signals(signum).name)
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
     broker = Broker(options)
     log.info("starting broker: data path %s, %d workers, node id %d",
              os.path.abspath(options.data_path), broker.options.workers,
              broker.options.node_id)
     try:
         broker.start()
-    except RuntimeError as e:
+        starting = False
+    except _Interrupted as e:
+        log.warning("%s while starting: stopped", e)
+        return 1
+    except (RuntimeError, StorageError) as e:
         log.critical("%s", e)
         return 1
     log.info("broker running (pid %d, HTTP on port %d); SIGTERM or Ctrl-C stops it",

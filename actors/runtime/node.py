@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import multiprocessing
 import os
 import queue
 import signal
@@ -42,6 +43,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from multiprocessing import reduction
+from multiprocessing.connection import wait
 from typing import Any
 
 from pykka import ActorDeadError
@@ -87,6 +90,24 @@ class NodeSpec:
     restart): the names it returns are created at once.  The broker uses it to
     bring back the topics and scanner that live on this node from its data
     directory, which survives the supervisor too."""
+    shared_fds: tuple[SharedFd, ...] = ()
+    """File descriptors the node holds open for its whole life (the data
+    directory's lock: held until the last process of the runtime exits)."""
+
+
+class SharedFd:
+    """A file descriptor handed to a node process: pickled by ``spawn``'s Popen, which
+    passes the descriptor itself to the child (as multiprocessing does for pipes)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_shared_fd, (reduction.DupFd(self.fd),))
+
+
+def _shared_fd(dup: Any) -> SharedFd:
+    return SharedFd(dup.detach())
 
 
 class Node:
@@ -302,8 +323,17 @@ def node_main(spec: NodeSpec) -> None:
     node.boot()
     gc.freeze()  # objects of the startup phase are never garbage: stop rescanning them
     gc.set_threshold(*_GC_THRESHOLDS)
-    while not stop.wait(0.5):
-        pass
+    # A node outlives its supervisor by a second at most: a supervisor killed -9
+    # (an operator, a process manager without cgroups) must not leave its nodes
+    # holding the ports and the data directory.  They stop as on SIGTERM.
+    parent = multiprocessing.parent_process()
+    while not stop.is_set():
+        if parent is not None and wait([parent.sentinel], timeout=0.5):
+            logger.warning("%s: the supervisor (pid %s) is gone; stopping", spec.node,
+                           parent.pid)
+            break
+        if parent is None:
+            stop.wait(0.5)
     deadline = time.monotonic() + spec.options.shutdown_timeout
     clean = node.shutdown(deadline)
     logging.shutdown()

@@ -60,6 +60,10 @@ def split_name(name: str) -> tuple[str, str]:
     return (kind, key) if sep else ("", name)
 
 
+_CACHE_MAX = 16_384
+"""Names whose node is remembered (about 150 bytes each); the hot ones come back."""
+
+
 class Placement:
     """Maps actor names to node names for a fixed number of workers."""
 
@@ -96,6 +100,10 @@ class Placement:
             else:
                 digest = zlib.crc32(self.shard_key(name).encode())
                 node = self._nodes[digest % self.workers]
-            if len(self._cache) < 100_000:
-                self._cache[name] = node
+            cache = self._cache
+            if len(cache) >= _CACHE_MAX:
+                # Names churn (a client actor per connection, an ephemeral channel per
+                # run): start afresh rather than keep every name ever seen.
+                cache.clear()
+            cache[name] = node
         return node

@@ -45,7 +45,7 @@ from actors.runtime.actor import Actor
 from actors.runtime.control import ActorInfo, ControlServer, ProcessInfo
 from actors.runtime.endpoint import Endpoint
 from actors.runtime.errors import AskTimeout, DebugHooksDisabled, RuntimeNotRunning
-from actors.runtime.node import NodeSpec, node_main
+from actors.runtime.node import NodeSpec, SharedFd, node_main
 from actors.runtime.options import RuntimeOptions
 from actors.runtime.placement import GATEWAY, Placement
 from actors.runtime.system import Crash, ListActors, Ping, Spawn
@@ -85,7 +85,9 @@ class Supervisor:
     spawned nodes, so they must be module-level classes or functions (or
     ``functools.partial`` of them).  ``boot``, if given, is called in every
     node at start and after every restart (see ``NodeSpec.boot``); it is
-    pickled too.  ``overrides`` replace fields of ``options``
+    pickled too.  ``shared_fds`` are passed to every node, which keeps them open
+    for its life (the broker's data-directory lock, so it is held until the
+    last process exits).  ``overrides`` replace fields of ``options``
     (``Supervisor(d, f, workers=2, debug_hooks=True)``).
     """
 
@@ -97,10 +99,12 @@ class Supervisor:
         *,
         log_level: int = logging.WARNING,
         boot: Callable[[str, Placement], list[str]] | None = None,
+        shared_fds: Sequence[int] = (),
         **overrides: Any,
     ) -> None:
         self.run_dir = os.fspath(run_dir)
         self._boot = boot
+        self._shared_fds = tuple(SharedFd(fd) for fd in shared_fds)
         self.options = replace(options or RuntimeOptions(), **overrides)
         self.placement = Placement(self.options.workers)
         self._factories = dict(factories or {})
@@ -173,7 +177,7 @@ class Supervisor:
 
     def _start_child(self, child: _Child) -> None:
         spec = NodeSpec(child.node, self.run_dir, self.options, self._factories, self._log_level,
-                        self._boot)
+                        self._boot, self._shared_fds)
         process = self._mp.Process(target=node_main, args=(spec,), name=child.node, daemon=True)
         process.start()
         child.process = process

@@ -68,3 +68,15 @@ def test_names_split_into_kind_and_key() -> None:
 def test_zero_workers_is_rejected() -> None:
     with pytest.raises(ValueError, match="workers"):
         Placement(workers=0)
+
+
+def test_the_placement_remembers_a_bounded_number_of_names() -> None:
+    # Client actors and ephemeral channels come and go: 50,000 names seen must not
+    # all stay in memory, and forgetting them must not change where a name lives.
+    p = Placement(3)
+    first = {f"client:{i}": p.node_for(f"client:{i}") for i in range(10)}
+    for i in range(50_000):
+        p.node_for(f"channel:churn/c{i}#ephemeral")
+    assert len(p._cache) <= 16_384
+    assert {name: p.node_for(name) for name in first} == first
+    assert p.node_for("channel:churn/c1#ephemeral") == p.node_for("topic:churn")

@@ -1,0 +1,186 @@
+"""`python -m actors.broker` as an operator runs it: one owner per data directory,
+no orphans when the supervisor dies, and a broker that cannot start says why and exits."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from actors.broker import Broker
+from storage.dirlock import DirLock, DirLockedError
+from tests.broker.conftest import broker_options
+from tests.broker.test_broker_actors import wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class BrokerProcess:
+    """``python -m actors.broker`` on fixed free ports; stderr collected in a file."""
+
+    def __init__(self, data: Path, log: Path, http_port: int | None = None,
+                 *extra: str) -> None:
+        self.http_port = http_port or free_port()
+        self.log = log
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "actors.broker", "--data-path", str(data),
+             "--workers", "1", "--log-level", "info",
+             "--http-address", f"127.0.0.1:{self.http_port}", "--tcp-address", "127.0.0.1:0",
+             "--zmq-address", "tcp://127.0.0.1:0", *extra],
+            stderr=log.open("w"), stdout=subprocess.DEVNULL)
+
+    def wait_running(self, timeout: float = 60) -> None:
+        wait_for(lambda: "broker running" in self.log.read_text() or self.proc.poll() is not None,
+                 timeout, "the broker to start")
+        assert self.proc.poll() is None, self.log.read_text()[-2000:]
+
+    def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=30)
+        try:
+            conn.request(method, path, body=body)
+            response = conn.getresponse()
+            return response.status, response.read()
+        finally:
+            conn.close()
+
+    def children(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def processes() -> Iterator[list[BrokerProcess]]:
+    started: list[BrokerProcess] = []
+    yield started
+    for p in started:
+        kids = p.children() if p.proc.poll() is None else []
+        p.close()
+        for kid in kids:
+            if kid.is_running():
+                kid.kill()
+
+
+def _channel_depth(b: BrokerProcess, topic: str, channel: str) -> int:
+    status, body = b.request("GET", f"/stats?format=json&topic={topic}")
+    assert status == 200, body
+    (t,) = json.loads(body)["topics"]
+    (c,) = [c for c in t["channels"] if c["channel_name"] == channel]
+    return int(c["depth"])
+
+
+def test_a_second_broker_on_the_same_data_path_exits_at_once_and_leaves_the_first_alone(
+        tmp_path, processes):
+    # Given a broker running on a data directory
+    data = tmp_path / "data"
+    first = Broker(broker_options(data)).start()
+    try:
+        first.publish("orders", [b"before"])
+        run = Path(first.supervisor.run_dir)
+        sockets = {p.name: p.stat().st_ino for p in run.iterdir()}
+        # When a second one is started on the same directory
+        started = time.monotonic()
+        second = BrokerProcess(data, tmp_path / "second.log")
+        processes.append(second)
+        code = second.proc.wait(30)
+        elapsed = time.monotonic() - started
+        # Then it exits 1 within seconds with one line naming the directory and the holder
+        assert code == 1
+        assert elapsed < 15
+        log = second.log.read_text()
+        assert f"data path {data} is in use by another broker (pid {os.getpid()})" in log
+        assert "Traceback" not in log
+        # And the first broker's sockets were not touched, and it publishes and consumes on
+        assert {p.name: p.stat().st_ino for p in run.iterdir()} == sockets
+        first.topic_command("orders", "create_channel", "c")
+        first.publish("orders", [b"after"])
+        assert first.topic_stats("orders")["channels"][0]["depth"] == 2
+    finally:
+        first.stop()
+
+
+def test_a_lock_left_by_a_killed_broker_does_not_block_a_restart(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (data / ".lock").write_text(f"{dead.pid}\n")
+    with DirLock(data) as lock:
+        assert (data / ".lock").read_text() == f"{os.getpid()}\n"
+        held = rf"in use by another broker \(pid {os.getpid()}\)"
+        with pytest.raises(DirLockedError, match=held):
+            DirLock(data).acquire()
+        assert lock.fd >= 0
+
+
+def test_a_data_path_that_cannot_be_created_is_one_line_and_exit_1(tmp_path, processes):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    b = BrokerProcess(blocker / "data", tmp_path / "b.log")
+    processes.append(b)
+    assert b.proc.wait(30) == 1
+    log = b.log.read_text()
+    assert f"data path {blocker / 'data'} cannot be used" in log
+    assert "Traceback" not in log
+
+
+def test_the_nodes_stop_when_their_supervisor_is_killed_and_a_restart_loses_nothing(
+        tmp_path, processes):
+    # Given a broker with messages in memory on a channel (the default mem queue)
+    data = tmp_path / "data"
+    first = BrokerProcess(data, tmp_path / "first.log")
+    processes.append(first)
+    first.wait_running()
+    assert first.request("POST", "/topic/create?topic=t")[0] == 200
+    assert first.request("POST", "/channel/create?topic=t&channel=c")[0] == 200
+    for i in range(50):
+        assert first.request("POST", "/pub?topic=t", b"m%d" % i)[0] == 200
+    assert _channel_depth(first, "t", "c") == 50
+    nodes = first.children()
+    assert nodes
+    # When only the supervisor is killed -9
+    os.kill(first.proc.pid, signal.SIGKILL)
+    first.proc.wait()
+    # Then its nodes stop on their own within seconds (flushing memory to disk)
+    _, alive = psutil.wait_procs(nodes, timeout=10)
+    assert alive == [], [p.pid for p in alive]
+    # And a broker restarted on the same ports and data path has every message
+    again = BrokerProcess(data, tmp_path / "again.log", first.http_port)
+    processes.append(again)
+    again.wait_running()
+    assert _channel_depth(again, "t", "c") == 50
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.3, 0.8])
+def test_sigterm_while_starting_stops_the_broker_at_once(tmp_path, processes, delay):
+    b = BrokerProcess(tmp_path / "data", tmp_path / "b.log")
+    processes.append(b)
+    time.sleep(delay)  # some stage of starting (which one depends on the machine)
+    kids_before = b.children()
+    b.proc.send_signal(signal.SIGTERM)
+    # (-SIGTERM: before the handler is installed, nothing started yet)
+    assert b.proc.wait(15) in (0, 1, -signal.SIGTERM)
+    _, alive = psutil.wait_procs([*kids_before, *b.children()], timeout=10)
+    assert alive == []
