@@ -271,6 +271,7 @@ def main() -> None:
                     consume_tcp(b.tcp_address, topic, "bench", per_consumer, lat)
 
             topic = f"bench_{proto}"
+            b.topic_command(topic, "hello")
             b.topic_command(topic, "create_channel", "bench")
             t = run_threads(a.producers, lambda i, topic=topic: pub(i, topic))
             report(f"{proto}: publish", total, a.size, t, speed=speed)
@@ -278,6 +279,7 @@ def main() -> None:
             t = run_threads(a.consumers, lambda i, topic=topic, lat=lat: sub(i, topic, lat))
             report(f"{proto}: consume (after)", total, a.size, t, speed=speed)
             topic2 = f"bench2_{proto}"
+            b.topic_command(topic2, "hello")
             b.topic_command(topic2, "create_channel", "bench")
             # Consumers in processes of their own (as nsq's bench_reader is a separate
             # program), so they do not share the publisher's GIL.

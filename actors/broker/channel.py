@@ -134,6 +134,9 @@ class ChannelActor(Actor):
             case Rdy(client=client, count=count, msg_timeout_ms=timeout_ms):
                 if timeout_ms and client not in s.clients:
                     s.subscribe(client, timeout_ms * 1_000_000)  # re-learned after a restart
+                    # (its topic may have lost this channel too: an ephemeral one, a worker
+                    # restart) -- the topic takes it back while a client still holds it
+                    self.tell(f"topic:{self.topic}", ChannelUp(self.channel, revive=True))
                 self._guard(client, lambda: s.set_rdy(client, count))
             case DqReopened():
                 if self.durable and not self.deleted:

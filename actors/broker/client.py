@@ -34,6 +34,7 @@ from actors.broker.errors import (
     bad_body,
     bad_channel,
     bad_topic,
+    from_wire,
     invalid,
 )
 from actors.broker.messages import (
@@ -45,6 +46,7 @@ from actors.broker.messages import (
     Rdy,
     Req,
     Sub,
+    TopicCommand,
     Touch,
     Unsub,
 )
@@ -56,6 +58,7 @@ from transport.mailbox.envelope import message
 log = logging.getLogger(__name__)
 
 PUBLISH_TIMEOUT = 10.0  # seconds a publish may wait for its topic before it fails
+SUB_TIMEOUT = 10.0  # seconds a SUB may wait for its topic to create the channel
 
 
 @message
@@ -71,6 +74,7 @@ class ClientIdentify:
 class ClientSub:
     topic: str
     channel: str
+    corr: bytes | None = None
 
 
 @message
@@ -207,7 +211,7 @@ class ClientActor(Actor):
                 try:
                     self._command(msg)
                 except BrokerError as e:
-                    self._error(e)
+                    self._error(e, getattr(msg, "corr", None))
         return None
 
     def _command(self, msg: Any) -> None:
@@ -219,16 +223,26 @@ class ClientActor(Actor):
                     raise bad_body(f"IDENTIFY msg timeout ({timeout_ms}) is invalid")
                 if timeout_ms:
                     self.msg_timeout_ms = timeout_ms
-            case ClientSub(topic=topic, channel=channel):
+            case ClientSub(topic=topic, channel=channel, corr=corr):
                 if self.channel is not None or self.closed:
                     raise invalid("cannot SUB in current state")
                 if not is_valid_topic_name(topic):
                     raise bad_topic(topic, "SUB")
                 if not is_valid_channel_name(channel):
                     raise bad_channel(channel, "SUB")
+                # The topic creates the channel (and itself) before the OK, so whatever
+                # is published or paused after the OK finds it (nsqd's read-your-writes).
+                try:
+                    reply = self.ask(f"topic:{topic}", TopicCommand("subscribe", channel),
+                                     timeout=SUB_TIMEOUT)
+                except Exception as e:  # the topic's worker is down or restarting
+                    raise invalid(f"SUB failed: {e}") from e
+                if reply is not None:
+                    raise from_wire(reply)
                 self.channel = f"channel:{topic}/{channel}"
                 connections.remember_subscription(self.name, self.channel)
                 self.tell(self.channel, Sub(self.name, self.msg_timeout_ms))
+                self._ok(corr)
             case ClientRdy() if self.closed:
                 pass  # nsqd ignores RDY after CLS
             case ClientRdy(count=count):
@@ -300,6 +314,13 @@ class ClientActor(Actor):
                 conn.respond(corr, None)
             else:
                 self.outbox.append(("ok", corr))
+
+    def _ok(self, corr: bytes | None) -> None:
+        conn = connections.lookup(self.name)
+        if conn is not None:
+            conn.respond(corr, None)
+        elif corr is not None:
+            self.outbox.append(("ok", corr))
 
     def _error(self, error: BrokerError, corr: bytes | None = None) -> None:
         conn = connections.lookup(self.name)

@@ -270,7 +270,7 @@ def to_client_message(command: Any, corr: bytes | None) -> Any:
         case pc.Dpub(topic=topic, delay_ms=delay_ms, body=body):
             return ClientPub(topic, [body], delay_ms, corr)
         case pc.Sub(topic=topic, channel=channel):
-            return ClientSub(topic, channel)
+            return ClientSub(topic, channel, corr)
         case pc.Rdy(count=count):
             return ClientRdy(count)
         case pc.Fin(ids=ids):

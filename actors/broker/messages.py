@@ -183,12 +183,17 @@ class PublishEncoded:
     messages: list[bytes]
 
 
+@no_spawn
 @message
 @dataclass(frozen=True)
 class ChannelUp:
-    """A channel of this topic started (created by a SUB, or at boot)."""
+    """A channel of this topic started.  `revive`: it was re-created by a client that
+    still holds a subscription (a lease `Rdy` after a worker restart), so the topic
+    takes it back; otherwise an unknown channel is ignored (a deleted one's late
+    start must not bring it back)."""
 
     channel: str
+    revive: bool = False
 
 
 @message
@@ -203,7 +208,9 @@ class ChannelGone:
 @dataclass(frozen=True)
 class TopicCommand:
     """Ask: `pause`, `unpause`, `empty`, `delete`, `create_channel`, `delete_channel`,
-    `pause_channel`, `unpause_channel`, `empty_channel`, `hello`; `arg` is the channel name.
+    `pause_channel`, `unpause_channel`, `empty_channel`, `hello` (create the topic),
+    `subscribe` (a SUB: create the topic and the channel); `arg` is the channel name.
+    Every command but `hello` and `subscribe` needs the topic to exist.
 
     Reply: None, or a `BrokerError.to_wire()` tuple.
     """

@@ -125,6 +125,7 @@ class TopicActor(Actor):
         self.durable_ack = options.mem_queue_size == 0 and not self.ephemeral
         self._tokens = itertools.count(1)
         self.waiting: dict[int, _Waiting] = {}
+        self._stopping = False
         self._reset()
 
     def _reset(self) -> None:
@@ -151,7 +152,7 @@ class TopicActor(Actor):
             self.channels = {c: bool(v.get("paused", False))
                              for c, v in meta.get("channels", {}).items()
                              if is_valid_channel_name(c)}
-        if not self.ephemeral:
+        if self.exists and not self.ephemeral:  # (a topic not created yet has no queue)
             depth, _ = self.ask(self.dq, DqOpen(), timeout=30)
             self.disk_depth = depth
         for channel, paused in self.channels.items():
@@ -187,13 +188,27 @@ class TopicActor(Actor):
         if self.ephemeral:
             return
         os.makedirs(self.options.data_path, exist_ok=True)
+        # (nsqd keeps ephemeral channels out of its metadata: they end with their clients)
         meta = {"version": 1, "paused": self.paused,
-                "channels": {c: {"paused": p} for c, p in sorted(self.channels.items())}}
+                "channels": {c: {"paused": p} for c, p in sorted(self.channels.items())
+                             if not is_ephemeral(c)}}
         write_atomic(self.meta_path, json.dumps(meta, sort_keys=True).encode() + b"\n")
 
     # ----------------------------------------------------------------- messages
 
     def on_receive(self, msg: Any) -> Any:
+        reply = self._on_receive(msg)
+        if not self.exists and not self.ephemeral and not self.waiting:
+            self._stop_once()  # only a name (a bad one, asked about, deleted): nothing to keep
+        return reply
+
+    def _stop_once(self) -> None:
+        """Stop after the messages already queued; a later one starts a fresh actor."""
+        if not self._stopping:
+            self._stopping = True
+            self.stop()
+
+    def _on_receive(self, msg: Any) -> Any:
         match msg:
             case Publish(bodies=bodies, defer_ms=defer_ms, reply_to=reply_to, corr=corr):
                 token = next(self._tokens) if self.durable_ack else 0
@@ -226,8 +241,10 @@ class TopicActor(Actor):
                     self._drain()
             case DqWriteFailed(count=count):
                 self.disk_depth = max(0, self.disk_depth - count)  # never reached the disk
-            case ChannelUp(channel=channel):
-                if channel not in self.channels and is_valid_channel_name(channel):
+            case ChannelUp(channel=channel, revive=revive):
+                if channel not in self.channels:
+                    if not (revive and is_valid_channel_name(channel)):
+                        return None  # a deleted channel's late start: it stays deleted
                     self.channels[channel] = False
                     self._write_meta()
                 self._drain()
@@ -380,16 +397,20 @@ class TopicActor(Actor):
         self.tell(self._channel_name(channel), ChannelCommand(command))
 
     def _command(self, command: str, arg: str) -> None:
-        if not self.exists and command not in {"hello", "create_channel"}:
+        # "subscribe" (a client's SUB) creates the topic too; "create_channel" (HTTP's
+        # /channel/create) needs it to exist, as nsqd's GetExistingTopic.
+        if not self.exists and command not in {"hello", "subscribe"}:
             raise BrokerError(f"topic {self.topic} not found", code="E_TOPIC_NOT_FOUND")
-        if command in {"create_channel", "delete_channel", "pause_channel", "unpause_channel",
-                       "empty_channel"} and not is_valid_channel_name(arg):
-            raise bad_channel(arg, command.upper())
+        if command in {"create_channel", "subscribe", "delete_channel", "pause_channel",
+                       "unpause_channel", "empty_channel"} and not is_valid_channel_name(arg):
+            raise bad_channel(arg, "SUB" if command == "subscribe" else command.upper())
         if command == "hello":
             if not self.valid:
                 raise bad_topic(self.topic, "CREATE")
             self._ensure_exists()
-        elif command == "create_channel":
+        elif command in {"create_channel", "subscribe"}:
+            if not self.valid:
+                raise bad_topic(self.topic, "SUB")
             self._ensure_exists()
             if arg not in self.channels:
                 self.channels[arg] = False
@@ -441,6 +462,7 @@ class TopicActor(Actor):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.meta_path)
         self._reset()
+        self._stop_once()  # gone from every listing
 
     def _stats(self, include_clients: bool) -> dict[str, Any]:
         names = sorted(self.channels)

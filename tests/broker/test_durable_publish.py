@@ -41,6 +41,7 @@ def _channel_depth(b: Broker, topic: str, channel: str) -> int:
 
 def test_an_acknowledged_publish_survives_kill_9_of_its_worker_at_once(tmp_path):
     with Broker(broker_options(tmp_path / "data", mem_queue_size=0)) as b:
+        b.topic_command("t", "hello")
         b.topic_command("t", "create_channel", "c")
         wait_for(lambda: _channel_depth(b, "t", "c") == 0, what="channel")
         b.publish("t", [b"m%d" % i for i in range(100)])
@@ -52,6 +53,7 @@ def test_an_acknowledged_publish_survives_kill_9_of_its_worker_at_once(tmp_path)
 
 def test_with_sync_every_1_concurrent_publishes_share_fsyncs(tmp_path):
     with Broker(broker_options(tmp_path / "data", mem_queue_size=0, sync_every=1)) as b:
+        b.topic_command("gc", "hello")
         b.topic_command("gc", "create_channel", "c")
         wait_for(lambda: _channel_depth(b, "gc", "c") == 0, what="channel")
         errors: list[Exception] = []
@@ -110,6 +112,7 @@ def small_disk(tmp_path) -> Path:
 def test_a_full_disk_answers_pub_failed_and_publishing_resumes_when_space_returns(small_disk):
     data = small_disk / "data"
     with Broker(broker_options(data, mem_queue_size=0, max_bytes_per_file=64 * 1024)) as b:
+        b.topic_command("full", "hello")
         b.topic_command("full", "create_channel", "c")
         wait_for(lambda: _channel_depth(b, "full", "c") == 0, what="channel")
         # Given a disk with little room left
@@ -141,6 +144,7 @@ def test_a_corrupt_chunk_found_at_start_is_skipped_and_the_rest_is_served(tmp_pa
     opts = {"mem_queue_size": 0, "max_bytes_per_file": 4096}
     # Given a channel whose queue spans several chunk files
     with Broker(broker_options(data, **opts)) as b:
+        b.topic_command("bad", "hello")
         b.topic_command("bad", "create_channel", "c")
         wait_for(lambda: _channel_depth(b, "bad", "c") == 0, what="channel")
         for i in range(60):

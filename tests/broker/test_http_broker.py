@@ -61,6 +61,9 @@ def test_info_names_the_ports(broker):
 
 def test_pub_and_mpub_reach_a_subscribed_consumer(broker):
     sup = broker.supervisor
+    # (nsqd: a channel needs its topic first)
+    assert call(broker, "POST", "/channel/create?topic=web&channel=c")[0] == 404
+    assert call(broker, "POST", "/topic/create?topic=web")[0] == 200
     assert call(broker, "POST", "/channel/create?topic=web&channel=c")[0] == 200
     sup.tell("client:httpc", ClientSub("web", "c"))
     sup.tell("client:httpc", ClientRdy(100))

@@ -184,3 +184,61 @@ def test_sigterm_while_starting_stops_the_broker_at_once(tmp_path, processes, de
     assert b.proc.wait(15) in (0, 1, -signal.SIGTERM)
     _, alive = psutil.wait_procs([*kids_before, *b.children()], timeout=10)
     assert alive == []
+
+
+def _actor_names(b: Broker) -> set[str]:
+    return {a.name for a in b.supervisor.actors(timeout=5)}
+
+
+def test_what_is_deleted_or_closed_leaves_no_actor_thread_or_fd_behind(tmp_path):
+    b = Broker(broker_options(tmp_path / "data", workers=2)).start()
+    try:
+        nodes = {p.name: psutil.Process(p.pid) for p in b.supervisor.ps()
+                 if p.role != "supervisor"}
+        http_conn = http.client.HTTPConnection("127.0.0.1", b.http_port, timeout=30)
+
+        def post(path: str, body: bytes = b"") -> int:
+            http_conn.request("POST", path, body=body)
+            response = http_conn.getresponse()
+            response.read()
+            return response.status
+
+        def churn(rounds: int) -> None:
+            for i in range(rounds):
+                # topics and channels created and deleted
+                assert post(f"/topic/create?topic=gone{i}") == 200
+                assert post(f"/channel/create?topic=gone{i}&channel=c") == 200
+                assert post(f"/pub?topic=gone{i}", b"x") == 200
+                assert post(f"/channel/delete?topic=gone{i}&channel=c") == 200
+                assert post(f"/topic/delete?topic=gone{i}") == 200
+                # names that never exist: a bad one, a missing one
+                assert post("/pub?topic=bad!name", b"x") == 400
+                assert post(f"/topic/delete?topic=never{i}") == 404
+                # a consumer on an ephemeral channel that connects and leaves
+                with socket.create_connection(("127.0.0.1", int(b.tcp_address.rsplit(":")[1])),
+                                              timeout=10) as s:
+                    s.sendall(b"  V2SUB eph%d#ephemeral c#ephemeral\n" % i)
+                    assert s.recv(64)  # the OK
+
+        # Given a warmed-up broker (the first round creates what stays: pools, caches)
+        churn(5)
+        wait_for(lambda: not {n for n in _actor_names(b)
+                              if n.startswith(("client:", "topic:", "channel:", "diskqueue:"))},
+                 30, "the warm-up's actors to go")
+        threads = {n: p.num_threads() for n, p in nodes.items()}
+        fds = {n: p.num_fds() for n, p in nodes.items()}
+        # When 200 more rounds of that come and go
+        churn(200)
+        # Then no topic, channel, disk-queue or client actor is left, and no thread or fd
+        wait_for(lambda: not {n for n in _actor_names(b)
+                              if n.startswith(("client:", "topic:", "channel:", "diskqueue:"))},
+                 30, "every actor of the churn to go")
+        wait_for(lambda: all(p.num_fds() <= fds[n] + 5 for n, p in nodes.items()), 30,
+                 f"fds back to {fds}")
+        # (pools start their threads lazily, up to their size: a few more may have come)
+        assert all(p.num_threads() <= threads[n] + 4 for n, p in nodes.items()), threads
+        assert not list((tmp_path / "data").glob("gone*")) + list(
+            (tmp_path / "data").glob("never*")) + list((tmp_path / "data").glob("bad*"))
+        http_conn.close()
+    finally:
+        b.stop()

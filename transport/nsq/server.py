@@ -11,11 +11,13 @@ cost one small object each, not a thread.
 Bytes in are fed to the codec; each event is handled on the loop (the FINs
 of one read are merged into one, so a consumer acking a batch costs the
 broker one message, not one per id): the loop
-answers what needs no broker (IDENTIFY's negotiation, SUB's ``OK``, CLS's
-``CLOSE_WAIT``, NOP, protocol errors, AUTH -- answered as nsqd answers with
-auth disabled) and hands every command to the *handler* (the broker's
-bridge).  Other threads (client actors) write through :meth:`TcpServer.send`,
-which hops onto the loop with ``call_soon_threadsafe``.
+answers what needs no broker (IDENTIFY's negotiation, CLS's ``CLOSE_WAIT``,
+NOP, protocol errors, AUTH -- answered as nsqd answers with auth disabled)
+and hands every command to the *handler* (the broker's bridge).  SUB's
+``OK`` is the handler's: it comes once the channel exists at its topic, so
+a message published after the OK reaches it (as with nsqd).  Other threads
+(client actors) write through :meth:`TcpServer.send`, which hops onto the
+loop with ``call_soon_threadsafe``.
 
 Heartbeats follow nsqd: every negotiated ``heartbeat_interval`` the server
 sends ``_heartbeat_``, and a connection that sends nothing for two intervals
@@ -34,12 +36,11 @@ from typing import Any
 from transport.nsq.codec import (
     CLOSE_WAIT_FRAME,
     HEARTBEAT_FRAME,
-    OK_FRAME,
     ServerConnection,
     encode_error,
     encode_identify_response,
 )
-from transport.protocol.commands import Auth, Cls, Fin, Handler, Identify, Nop, Sub
+from transport.protocol.commands import Auth, Cls, Fin, Handler, Identify, Nop
 from transport.protocol.identify import ServerInfo
 from transport.protocol.validation import Limits, ProtocolError
 
@@ -107,8 +108,6 @@ class _Conn(asyncio.Protocol):
                 if settings is not None:
                     self.heartbeat_s = settings.heartbeat_interval / 1000
                     self._schedule()
-            case Sub():
-                self.write(OK_FRAME)
             case Cls():
                 self.write(CLOSE_WAIT_FRAME)
             case Auth():

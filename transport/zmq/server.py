@@ -16,10 +16,11 @@ the protocol state (:class:`~transport.protocol.validation.ConnectionState`), th
 negotiated heartbeat interval, when it last heard from it and when it last
 sent it a heartbeat.  Requests are parsed with
 :func:`~transport.zmq.codec.parse_request`; the loop answers IDENTIFY,
-SUB (OK), CLS (CLOSE_WAIT) and protocol errors itself and hands every
-command to the *handler* (the broker's bridge), which answers the rest
-through :meth:`send`.  A fatal error ends the session after its ERROR is
-sent; so does silence for two heartbeat intervals.  Either way the handler
+CLS (CLOSE_WAIT) and protocol errors itself and hands every command to the
+*handler* (the broker's bridge), which answers the rest -- SUB's OK once the
+channel exists at its topic -- through :meth:`send`.  A fatal error ends
+the session after its ERROR is sent; so does silence for two heartbeat
+intervals.  Either way the handler
 hears ``on_close(session)`` and the routing id starts afresh in INIT.
 
 Sessions are named ``<routing id hex>.<n>`` (``n`` counts the sessions of
@@ -40,7 +41,7 @@ from typing import Any
 
 import zmq
 
-from transport.protocol.commands import Cls, Handler, Identify, Nop, Sub
+from transport.protocol.commands import Cls, Handler, Identify, Nop
 from transport.protocol.identify import IdentifySettings, ServerInfo
 from transport.protocol.validation import ConnectionState, Limits, ProtocolError
 from transport.zmq.codec import (
@@ -224,8 +225,6 @@ class ZmqServer:
                 s.settings = settings
                 s.heartbeat_ms = settings.heartbeat_interval
                 self._router.send_multipart([rid, *encode_identify_reply(corr, command)])
-            case Sub():
-                self._router.send_multipart([rid, *encode_ok(corr)])
             case Cls():
                 self._router.send_multipart([rid, *encode_ok(corr, b"CLOSE_WAIT")])
         try:
