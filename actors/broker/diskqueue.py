@@ -4,8 +4,11 @@ A topic ``T`` owns ``diskqueue:T``; a channel ``T/C`` owns ``diskqueue:T/C``
 (placement keeps them in the owner's process, so the messages between them
 are in-process inbox puts).  The actor holds a `storage.DiskQueue` in
 ack-position mode -- a message leaves the disk only when its owner acks it
--- and, for channels, the channel's `storage.DelayedStore` of deferred
-messages.  `#ephemeral` owners get a `storage.NullQueue` and no delayed store.
+-- and a `storage.DelayedStore` of deferred messages: a channel's, and a
+topic's DPUBs kept while it has no channel, with their due times.  The store
+exists only while it holds something (created by the first `DqDefer`,
+removed when closed empty).  `#ephemeral` owners get a `storage.NullQueue`
+and no delayed store.
 
 Messages are applied in the order they arrive, which is what the channel's
 effects ordering relies on (a delayed-store add before the ack that releases
@@ -207,7 +210,7 @@ class DiskQueueActor(Actor):
                                sync_timeout=o.sync_timeout,
                                ack_mode=True, cache_low_watermark=o.cache_low_watermark,
                                cache_high_watermark=o.cache_high_watermark)
-        if self.is_channel and os.path.exists(self._delayed_path()):
+        if os.path.exists(self._delayed_path()):
             self.delayed = DelayedStore(o.data_path, name=stem)
 
     def _delayed_path(self) -> str:
@@ -224,7 +227,7 @@ class DiskQueueActor(Actor):
         open to know).  A boot of 10,000 idle topics opens none of their 30,000 queues."""
         if self.ephemeral:
             return 0, []
-        if self.is_channel and os.path.exists(self._delayed_path()):
+        if os.path.exists(self._delayed_path()):
             return None  # deferred messages to load (an empty store is deleted on close)
         depth = DiskQueue.closed_depth(queue_name(self.owner), self.options.data_path)
         return None if depth is None else (depth, [])

@@ -23,6 +23,8 @@ import time
 from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
 
+import psutil
+
 from actors.broker import connections, health
 from actors.broker.client import (
     ClientClose,
@@ -36,7 +38,7 @@ from actors.broker.client import (
     ClientTick,
     ClientTouch,
 )
-from actors.broker.messages import Publish, TopicCommand, TopicStats
+from actors.broker.messages import Alive, Publish, TopicCommand, TopicStats
 from actors.broker.options import BrokerOptions, run_dir_for
 from actors.runtime.actor import Actor, current_endpoint
 from actors.runtime.control import ControlClient
@@ -74,6 +76,10 @@ def _raise(reply: Any) -> None:
 def split_address(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host.strip("[]") or "127.0.0.1", int(port)
+
+
+HEALTH_TIMEOUT = 1.0
+"""Seconds `/ping` waits for every worker to answer."""
 
 
 class GatewayFacade:
@@ -131,7 +137,7 @@ class GatewayFacade:
                                "start_time": self.start_time, "topics": topics}
         try:
             with ControlClient(run_dir_for(self.options.data_path), timeout=2.0) as ctl:
-                out["processes"] = [_plain(p) for p in ctl.ps()]
+                out["processes"] = [_with_usage(_plain(p)) for p in ctl.ps()]
         except Exception as e:
             out["processes_error"] = str(e)
         # Per kind of actor and node, not per actor: 10,000 topics are 50,000 actors
@@ -147,7 +153,19 @@ class GatewayFacade:
         return out
 
     def health(self) -> str | None:
-        return health.reason()
+        """None if a publish can be taken: no storage failure since the last good
+        publish, and every worker's actors answer the gateway (a scanner each, through
+        its dispatcher) within a second; else why not."""
+        reason = health.reason()
+        if reason is not None:
+            return reason
+        scanners = [f"scanner:{i}" for i in range(self.placement.workers)]
+        for name, reply in zip(scanners, current_endpoint().ask_many(
+                [(s, Alive()) for s in scanners], HEALTH_TIMEOUT), strict=True):
+            if isinstance(reply, Exception):
+                node = self.placement.node_for(name)
+                return f"{node} does not answer: {reply}"
+        return None
 
     def info(self) -> dict[str, Any]:
         o = self.options
@@ -156,6 +174,21 @@ class GatewayFacade:
                 "http_port": self.ports.get("http", split_address(o.http_address)[1]),
                 "tcp_port": self.ports.get("tcp", split_address(o.tcp_address)[1]),
                 "start_time": self.start_time}
+
+
+def _with_usage(process: dict[str, Any]) -> dict[str, Any]:
+    """A process row with what the OS says of it: RSS, CPU seconds, threads, fds."""
+    pid = process.get("pid")
+    if pid and process.get("alive"):
+        try:
+            p = psutil.Process(pid)
+            with p.oneshot():
+                cpu = p.cpu_times()
+                process.update(rss_bytes=p.memory_info().rss, cpu_seconds=cpu.user + cpu.system,
+                               num_threads=p.num_threads(), open_fds=p.num_fds())
+        except psutil.Error:
+            pass  # gone meanwhile: the row says what the supervisor knew
+    return process
 
 
 def _plain(obj: Any) -> dict[str, Any]:

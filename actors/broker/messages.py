@@ -262,6 +262,13 @@ class ScanDone:
 
 @message
 @dataclass(frozen=True)
+class Alive:
+    """Ask a scanner: answered (None) by its worker's dispatcher -- `/ping`'s probe of
+    the path from the gateway to the worker's actors."""
+
+
+@message
+@dataclass(frozen=True)
 class Tick:
     """The scanner's own timer: time for a sweep (ignored unless `epoch` is the instance's)."""
 

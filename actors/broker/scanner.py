@@ -29,7 +29,7 @@ import time
 from collections import deque
 from typing import Any
 
-from actors.broker.messages import Scan, ScanDone, ScanRegister, ScanUnregister, Tick
+from actors.broker.messages import Alive, Scan, ScanDone, ScanRegister, ScanUnregister, Tick
 from actors.broker.options import BrokerOptions
 from actors.runtime.actor import Actor
 
@@ -105,6 +105,8 @@ class ScannerActor(Actor):
 
     def on_receive(self, msg: Any) -> Any:
         match msg:
+            case Alive():
+                return None
             case ScanRegister(channel=channel):
                 self.channels.add(channel)
             case ScanUnregister(channel=channel):

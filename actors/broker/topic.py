@@ -34,6 +34,7 @@ from typing import Any
 
 from actors.broker.diskqueue import (
     DqAck,
+    DqDefer,
     DqDelete,
     DqEmpty,
     DqMessages,
@@ -41,6 +42,7 @@ from actors.broker.diskqueue import (
     DqPut,
     DqRead,
     DqReopened,
+    DqUndefer,
     DqWriteFailed,
 )
 from actors.broker.errors import (
@@ -108,6 +110,11 @@ class _Waiting:
     error: tuple[str, str, bool] | None = None
 
 
+def _delayed_entries(items: list[tuple[bytes, int]]) -> list[tuple[int, bytes, bytes]]:
+    """`(message, due)` pairs as delayed-store entries `(due, message id, message)`."""
+    return [(due, m[10:26], m) for m, due in items]
+
+
 class TopicActor(Actor):
     """See the module docstring."""
 
@@ -133,6 +140,7 @@ class TopicActor(Actor):
         self.paused = False
         self.memory: deque[bytes] = deque()
         self.deferred: list[tuple[bytes, int]] = []  # DPUB while there is no channel
+        self.deferred_on_disk = False  # they are in the disk-queue actor's delayed store
         self.disk_depth = 0
         self.reading = False
         self.message_count = 0
@@ -153,8 +161,11 @@ class TopicActor(Actor):
                              for c, v in meta.get("channels", {}).items()
                              if is_valid_channel_name(c)}
         if self.exists and not self.ephemeral:  # (a topic not created yet has no queue)
-            depth, _ = self.ask(self.dq, DqOpen(), timeout=30)
+            depth, deferred = self.ask(self.dq, DqOpen(), timeout=30)
             self.disk_depth = depth
+            # DPUBs kept while the topic had no channel, with their due times
+            self.deferred = [(m, due) for due, _id, m in deferred]
+            self.deferred_on_disk = bool(self.deferred)
         for channel, paused in self.channels.items():
             self._channel(channel, "hello")
             if paused:
@@ -162,10 +173,14 @@ class TopicActor(Actor):
         self._drain()
 
     def on_stop(self) -> None:
-        kept = list(self.memory) + [m for m, _ in self.deferred]
-        if kept and not self.ephemeral:
-            self.tell(self.dq, DqPut(kept))
-            log.info("%s: wrote %d memory-only messages to disk at shutdown", self.name, len(kept))
+        if self.ephemeral:
+            return
+        if self.memory:
+            self.tell(self.dq, DqPut(list(self.memory)))
+            log.info("%s: wrote %d memory-only messages to disk at shutdown", self.name,
+                     len(self.memory))
+        if self.deferred and not self.deferred_on_disk:  # kept with their due times
+            self.tell(self.dq, DqDefer(_delayed_entries(self.deferred)))
 
     def _read_meta(self) -> dict[str, Any] | None:
         if self.ephemeral:
@@ -305,10 +320,13 @@ class TopicActor(Actor):
                 for channel in self.channels:
                     self.tell(self._channel_name(channel), ChannelPutDeferred(items, confirm))
                 return len(self.channels) if confirm else 0
+            self.deferred.extend(items)
             if not confirm:
-                self.deferred.extend(items)
                 return 0
-            # durable and no channel yet: kept on disk as a plain message (the delay is lost)
+            # durable and no channel yet: answered once in the delayed store, due time kept
+            self.deferred_on_disk = True
+            self.tell(self.dq, DqDefer(_delayed_entries(items), (confirm,)))
+            return 1
         return self._route(encoded, confirm)
 
     def _route(self, encoded: list[bytes], confirm: tuple[str, int] | None = None) -> int:
@@ -358,7 +376,9 @@ class TopicActor(Actor):
         if self.deferred:
             for channel in self.channels:
                 self.tell(self._channel_name(channel), ChannelPutDeferred(self.deferred))
-            self.deferred = []
+            if self.deferred_on_disk:  # (the channels keep them now)
+                self.tell(self.dq, DqUndefer([m[10:26] for m, _ in self.deferred]))
+            self.deferred, self.deferred_on_disk = [], False
         if self.memory:
             batch = list(self.memory)
             self.memory.clear()
@@ -439,6 +459,7 @@ class TopicActor(Actor):
         elif command == "empty":
             self.memory.clear()
             self.deferred.clear()
+            self.deferred_on_disk = False
             self.disk_depth = 0
             self.tell(self.dq, DqEmpty())
         elif command == "delete":

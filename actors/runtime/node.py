@@ -120,6 +120,11 @@ class Node:
         self._slots: dict[str, ActorSlot] = {}
         self._lock = threading.Lock()  # taken only to create slots, never per message
         self._stopping = False
+        # During a shutdown, the stop-order phase under way: an actor of a kind that
+        # stops later may still be created (a topic flushing its memory at stop
+        # creates its disk-queue actor), one of this kind or an earlier one may not.
+        self._phase = -1
+        self._stop_order = {kind: i for i, kind in enumerate(self.options.stop_order)}
         self._escalate = escalate or _exit_escalated
         self.placement = Placement(spec.options.workers)
         self.dispatcher = Dispatcher(spec.node, threads=spec.options.dispatcher_threads,
@@ -149,7 +154,7 @@ class Node:
     def deliver(self, name: str, envelope: PykkaEnvelope[Any], timeout: float | None) -> None:
         slot = self._slots.get(name)
         if slot is None or slot.mailbox.closed:
-            if self._stopping or not spawns(envelope.message):
+            if not spawns(envelope.message) or (self._stopping and not self._may_create(name)):
                 self._dead_letter(name, envelope, slot)
                 return
             slot = self._create(name)
@@ -229,7 +234,7 @@ class Node:
             slot = self._slots.get(name)
             if slot is not None and not slot.mailbox.closed:
                 return slot
-            if self._stopping:
+            if self._stopping and not self._may_create(name):
                 msg = f"{self.spec.node} is shutting down"
                 raise RuntimeNotRunning(msg)
             slot = ActorSlot(
@@ -245,6 +250,13 @@ class Node:
             self._slots[name] = slot
         slot.start()
         return slot
+
+    def _phase_of(self, name: str) -> int:
+        return self._stop_order.get(split_name(name)[0], len(self._stop_order))
+
+    def _may_create(self, name: str) -> bool:
+        """At a shutdown: whether `name`'s kind has yet to stop (its phase is to come)."""
+        return self._phase_of(name) > self._phase
 
     def _forget(self, slot: ActorSlot, left: list[PykkaEnvelope[Any]]
                 ) -> list[PykkaEnvelope[Any]]:
@@ -284,19 +296,17 @@ class Node:
         """
         with self._lock:
             self._stopping = True
-            slots = list(self._slots.values())
         self.endpoint.close_intake()
-        order = {kind: i for i, kind in enumerate(self.options.stop_order)}
-        phases: dict[int, list[ActorSlot]] = {}
-        for slot in slots:
-            phases.setdefault(order.get(split_name(slot.name)[0], len(order)), []).append(slot)
         clean = True
-        for phase in sorted(phases):
-            group = phases[phase]
+        for phase in range(len(self._stop_order) + 1):
+            with self._lock:  # (kinds of later phases may have been created meanwhile)
+                self._phase = phase
+                group = [s for s in self._slots.values() if self._phase_of(s.name) == phase]
             for slot in group:
                 slot.request_stop()
             for slot in group:  # join every one, even after a straggler
                 clean = slot.join(max(0.0, deadline - time.monotonic())) and clean
+        slots = list(self._slots.values())
         if not clean:
             late = [s.name for s in slots if s.alive]
             logger.warning("%s: actors still running at the deadline: %s", self.spec.node, late)

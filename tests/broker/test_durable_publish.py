@@ -177,3 +177,40 @@ def test_a_corrupt_chunk_found_at_start_is_skipped_and_the_rest_is_served(tmp_pa
         assert 0 < lost < 60
         assert got <= {b"%03d" % i + b"." * 100 for i in range(60)}
         assert {b"%03d" % i + b"." * 100 for i in range(45, 60)} <= got  # later chunks intact
+
+
+@pytest.mark.parametrize("mem_queue_size", [0, 10_000])
+def test_a_dpub_to_a_topic_without_channels_keeps_its_due_time_across_a_clean_restart(
+        tmp_path, mem_queue_size):
+    data = tmp_path / "data"
+    opts = {"mem_queue_size": mem_queue_size}
+    # Given a DPUB of an hour to a topic that has no channel yet
+    with Broker(broker_options(data, **opts)) as b:
+        b.publish("later", [b"in an hour"], defer_ms=3_600_000)
+        assert b.topic_stats("later")["deferred_count"] == 1
+    # When the broker restarts cleanly and a channel appears
+    with Broker(broker_options(data, **opts)) as b:
+        assert b.topic_stats("later")["deferred_count"] == 1
+        b.topic_command("later", "create_channel", "c")
+        # Then the channel holds it deferred (not ready), and the topic no more
+        wait_for(lambda: b.topic_stats("later")["channels"]
+                 and b.topic_stats("later")["channels"][0]["deferred_count"] == 1,
+                 what="the deferred message on the channel")
+        stats = b.topic_stats("later")
+        assert stats["deferred_count"] == 0
+        assert stats["channels"][0]["depth"] == 0
+    # And after another restart it is the channel's, once (the topic let it go)
+    with Broker(broker_options(data, **opts)) as b:
+        stats = b.topic_stats("later")
+        assert stats["deferred_count"] == 0
+        assert [c["deferred_count"] for c in stats["channels"]] == [1]
+
+
+def test_a_topic_created_after_start_flushes_its_memory_at_a_clean_stop(tmp_path):
+    # (its disk-queue actor is created by the flush itself, while the node stops)
+    data = tmp_path / "data"
+    with Broker(broker_options(data)) as b:
+        b.publish("fresh", [b"a", b"b"])
+        assert b.topic_stats("fresh")["depth"] == 2
+    with Broker(broker_options(data)) as b:
+        assert b.topic_stats("fresh")["depth"] == 2

@@ -242,3 +242,41 @@ def test_what_is_deleted_or_closed_leaves_no_actor_thread_or_fd_behind(tmp_path)
         http_conn.close()
     finally:
         b.stop()
+
+
+def test_ping_says_nok_while_a_worker_cannot_answer_and_metrics_cover_every_process(tmp_path):
+    b = Broker(broker_options(tmp_path / "data", workers=2)).start()
+    try:
+        conn_args = ("127.0.0.1", b.http_port)
+
+        def get(path: str) -> tuple[int, str]:
+            conn = http.client.HTTPConnection(*conn_args, timeout=30)
+            try:
+                conn.request("GET", path)
+                response = conn.getresponse()
+                return response.status, response.read().decode()
+            finally:
+                conn.close()
+
+        assert get("/ping") == (200, "OK")
+        # Process figures for every process of the broker
+        metrics = get("/metrics")[1]
+        for node in ("gateway", "worker-0", "worker-1"):
+            for family in ("nsq_process_resident_memory_bytes", "nsq_process_cpu_seconds_total",
+                           "nsq_process_threads", "nsq_process_open_fds"):
+                assert any(line.startswith(f'{family}{{process="{node}"')
+                           for line in metrics.splitlines()), (family, node)
+        # When a worker is frozen (it cannot take a publish), Then /ping says so
+        (worker,) = [p for p in b.supervisor.ps() if p.name == "worker-1"]
+        assert worker.pid is not None
+        os.kill(worker.pid, signal.SIGSTOP)
+        try:
+            status, text = get("/ping")
+            assert status == 500
+            assert text.startswith("NOK - worker-1 does not answer")
+        finally:
+            os.kill(worker.pid, signal.SIGCONT)
+        # And once it answers again, so does /ping
+        wait_for(lambda: get("/ping") == (200, "OK"), 10, "/ping OK again")
+    finally:
+        b.stop()
