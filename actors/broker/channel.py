@@ -129,8 +129,8 @@ class ChannelActor(Actor):
                 s.from_disk(items)
             case DqWriteFailed(count=count):
                 s.disk_depth = max(0, s.disk_depth - count)  # those never reached the disk
-            case Sub(client=client, msg_timeout_ms=timeout_ms):
-                s.subscribe(client, timeout_ms * 1_000_000)
+            case Sub(client=client, msg_timeout_ms=timeout_ms, info=info):
+                s.subscribe(client, timeout_ms * 1_000_000, info)
             case Rdy(client=client, count=count, msg_timeout_ms=timeout_ms):
                 if timeout_ms and client not in s.clients:
                     s.subscribe(client, timeout_ms * 1_000_000)  # re-learned after a restart

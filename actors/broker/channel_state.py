@@ -67,6 +67,7 @@ class ClientState:
     finished: int = 0
     requeued: int = 0
     timed_out: int = 0
+    info: dict[str, Any] | None = None  # what the client said of itself (for /stats)
 
     @property
     def ready(self) -> bool:
@@ -259,8 +260,11 @@ class ChannelState:
 
     # ----------------------------------------------------------------- clients
 
-    def subscribe(self, client: str, msg_timeout_ns: int) -> None:
-        self.clients.setdefault(client, ClientState(client, msg_timeout_ns))
+    def subscribe(self, client: str, msg_timeout_ns: int,
+                  info: dict[str, Any] | None = None) -> None:
+        state = self.clients.setdefault(client, ClientState(client, msg_timeout_ns))
+        if info is not None:
+            state.info = info
 
     def set_rdy(self, client: str, count: int) -> None:
         if not 0 <= count <= self.max_rdy_count:
@@ -467,7 +471,27 @@ class ChannelState:
         return out
 
     def client_stats(self) -> list[dict[str, object]]:
-        return [{"client": c.name, "ready_count": c.rdy, "in_flight_count": c.in_flight,
-                 "message_count": c.delivered, "finish_count": c.finished,
-                 "requeue_count": c.requeued, "timeout_count": c.timed_out}
-                for c in self.clients.values()]
+        """nsqd 1.3's client entries, field for field and type for type (compression
+        and TLS are not offered yet: false and empty), plus ours: `client` (the actor)
+        and `timeout_count`."""
+        out: list[dict[str, object]] = []
+        for c in self.clients.values():
+            info = c.info or {}
+            out.append({
+                "client_id": str(info.get("client_id", "")),
+                "hostname": str(info.get("hostname", "")),
+                "version": str(info.get("version", "V2")),
+                "remote_address": str(info.get("remote_address", "")),
+                "state": 3,  # nsqd's stateSubscribed
+                "ready_count": c.rdy, "in_flight_count": c.in_flight,
+                "message_count": c.delivered, "finish_count": c.finished,
+                "requeue_count": c.requeued,
+                "connect_ts": int(info.get("connect_ts", 0)),
+                "sample_rate": int(info.get("sample_rate", 0)),
+                "deflate": False, "snappy": False,
+                "user_agent": str(info.get("user_agent", "")),
+                "tls": False, "tls_cipher_suite": "", "tls_version": "",
+                "tls_negotiated_protocol": "", "tls_negotiated_protocol_is_mutual": False,
+                "client": c.name, "timeout_count": c.timed_out,
+            })
+        return out

@@ -64,9 +64,14 @@ SUB_TIMEOUT = 10.0  # seconds a SUB may wait for its topic to create the channel
 @message
 @dataclass(frozen=True)
 class ClientIdentify:
-    """IDENTIFY's message timeout (ms; 0 keeps the broker's default)."""
+    """IDENTIFY: the message timeout (ms; 0 keeps the broker's default) and what the
+    client says of itself (shown in /stats as nsqd shows it)."""
 
     msg_timeout_ms: int = 0
+    client_id: str = ""
+    hostname: str = ""
+    user_agent: str = ""
+    sample_rate: int = 0
 
 
 @message
@@ -155,6 +160,8 @@ class ClientActor(Actor):
         self.options = options
         self.clock = clock
         self.msg_timeout_ms = int(options.msg_timeout * 1000)
+        self.identity: dict[str, Any] = {}
+        self.connect_ts = int(time.time())
         self.channel: str | None = None  # "channel:topic/channel"
         self.rdy = 0
         self.outbox: deque[tuple[Any, ...]] = deque()
@@ -223,6 +230,8 @@ class ClientActor(Actor):
                     raise bad_body(f"IDENTIFY msg timeout ({timeout_ms}) is invalid")
                 if timeout_ms:
                     self.msg_timeout_ms = timeout_ms
+                self.identity = {"client_id": msg.client_id, "hostname": msg.hostname,
+                                 "user_agent": msg.user_agent, "sample_rate": msg.sample_rate}
             case ClientSub(topic=topic, channel=channel, corr=corr):
                 if self.channel is not None or self.closed:
                     raise invalid("cannot SUB in current state")
@@ -241,7 +250,7 @@ class ClientActor(Actor):
                     raise from_wire(reply)
                 self.channel = f"channel:{topic}/{channel}"
                 connections.remember_subscription(self.name, self.channel)
-                self.tell(self.channel, Sub(self.name, self.msg_timeout_ms))
+                self.tell(self.channel, Sub(self.name, self.msg_timeout_ms, self._stats_info()))
                 self._ok(corr)
             case ClientRdy() if self.closed:
                 pass  # nsqd ignores RDY after CLS
@@ -314,6 +323,19 @@ class ClientActor(Actor):
                 conn.respond(corr, None)
             else:
                 self.outbox.append(("ok", corr))
+
+    def _stats_info(self) -> dict[str, Any]:
+        """What the channel shows of this client in /stats, with nsqd's fields and types
+        (nsqd: without IDENTIFY, client_id and hostname are the remote host)."""
+        conn = connections.lookup(self.name)
+        remote = str(getattr(conn, "remote_address", "")) if conn is not None else ""
+        host = remote.rpartition(":")[0].strip("[]") if ":" in remote else remote
+        ident = self.identity
+        return {"client_id": ident.get("client_id") or host,
+                "hostname": ident.get("hostname") or host,
+                "version": "V2", "remote_address": remote,
+                "connect_ts": self.connect_ts, "sample_rate": ident.get("sample_rate", 0),
+                "user_agent": ident.get("user_agent", "")}
 
     def _ok(self, corr: bytes | None) -> None:
         conn = connections.lookup(self.name)

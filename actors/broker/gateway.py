@@ -227,6 +227,10 @@ class _SessionConnection:
     def close(self) -> None:
         self.server.drop(self.session)
 
+    @property
+    def remote_address(self) -> str:
+        return str(self.server.peer(self.session))
+
 
 class ZmqConnection(_SessionConnection):
     """A ZeroMQ session: replies carry the request's correlation frame."""
@@ -313,7 +317,10 @@ def to_client_message(command: Any, corr: bytes | None) -> Any:
         case pc.Touch(id=msg_id):
             return ClientTouch(msg_id)
         case pc.Identify(settings=settings):
-            return ClientIdentify(settings.msg_timeout if settings is not None else 0)
+            if settings is None:
+                return ClientIdentify()
+            return ClientIdentify(settings.msg_timeout, settings.client_id, settings.hostname,
+                                  settings.user_agent, settings.sample_rate)
         case pc.Cls():
             return ClientClose()
         case _:

@@ -10,6 +10,7 @@ import each other.  Disk-queue messages are in `actors.broker.diskqueue`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from actors.runtime.actor import no_spawn
 from transport.mailbox.envelope import message
@@ -39,10 +40,11 @@ class ChannelPutDeferred:
 @message
 @dataclass(frozen=True)
 class Sub:
-    """A client subscribes with its message timeout."""
+    """A client subscribes with its message timeout, and what /stats shows of it."""
 
     client: str
     msg_timeout_ms: int
+    info: dict[str, Any] | None = None
 
 
 @message

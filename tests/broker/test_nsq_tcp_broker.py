@@ -138,3 +138,40 @@ def test_the_real_pynsq_reader_and_writer_work_unchanged(broker):
         conn.close()
     assert sorted(received) == [b"w1", b"w2", b"w3"]
     assert all(d == b"OK" for d in published), published
+
+
+# nsqd 1.3.0's client entry in /stats (measured beside it): every field and its type
+NSQD_CLIENT_FIELDS = {
+    "client_id": str, "hostname": str, "version": str, "remote_address": str, "state": int,
+    "ready_count": int, "in_flight_count": int, "message_count": int, "finish_count": int,
+    "requeue_count": int, "connect_ts": int, "sample_rate": int, "deflate": bool,
+    "snappy": bool, "user_agent": str, "tls": bool, "tls_cipher_suite": str,
+    "tls_version": str, "tls_negotiated_protocol": str,
+    "tls_negotiated_protocol_is_mutual": bool,
+}
+
+
+def test_stats_show_a_consumer_with_every_field_nsqd_reports(broker):
+    sub = Conn(broker)
+    try:
+        sub.send(pc.Identify({"client_id": "billing-7", "hostname": "box.example",
+                              "user_agent": "pynsq/0.9.1", "sample_rate": 0}))
+        assert sub.frames(1)
+        sub.send(pc.Sub("stats_fields", "c"))
+        assert sub.frames(1)
+        sub.send(pc.Rdy(5))
+        wait_for(lambda: broker.topic_stats("stats_fields")["channels"][0]["clients"]
+                 and broker.topic_stats("stats_fields")["channels"][0]["clients"][0][
+                     "ready_count"] == 5, what="the client in stats")
+        (client,) = broker.topic_stats("stats_fields")["channels"][0]["clients"]
+        for field, kind in NSQD_CLIENT_FIELDS.items():
+            assert type(client[field]) is kind, (field, client.get(field))
+        local = sub.sock.getsockname()
+        assert client["client_id"] == "billing-7"
+        assert client["hostname"] == "box.example"
+        assert client["user_agent"] == "pynsq/0.9.1"
+        assert client["remote_address"] == f"{local[0]}:{local[1]}"
+        assert (client["version"], client["state"]) == ("V2", 3)
+        assert client["connect_ts"] > 1_700_000_000
+    finally:
+        sub.close()

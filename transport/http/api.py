@@ -424,6 +424,9 @@ def _command_handler(command: str, *, channel: bool) -> _Handler:
     return handler
 
 
+_NO_E2E = {"count": 0, "percentiles": None}
+
+
 def _collect_stats(facade: BrokerFacade, topic: str | None, channel: str | None,
                    include_clients: bool) -> tuple[dict[str, Any], str | None, str]:
     """Stats filtered as nsqd filters them, health and version (one executor job)."""
@@ -436,11 +439,14 @@ def _collect_stats(facade: BrokerFacade, topic: str | None, channel: str | None,
             continue
         channels = [c for c in t.get("channels") or ()
                     if not (topic and channel) or c.get("channel_name") == channel]
-        if not include_clients:  # keep the count, drop the list
+        if not include_clients:  # keep the count, drop the list (nsqd: null)
             channels = [{**c, "client_count": c.get("client_count", len(c.get("clients") or ())),
-                         "clients": []} for c in channels]
-        topics.append({**t, "channels": channels})
-    stats["topics"] = topics
+                         "clients": None} for c in channels]
+        # nsqd's shape: end-to-end latency is not sampled yet (nsqd's own default)
+        channels = [{"e2e_processing_latency": _NO_E2E, **c} for c in channels]
+        topics.append({"e2e_processing_latency": _NO_E2E, **t, "channels": channels})
+    stats["topics"] = topics if topics or not topic else None  # nsqd: null when ?topic=
+    # names none
     return stats, health, str(version)
 
 

@@ -215,6 +215,16 @@ class TcpServer:
         if conn is not None:
             self.loop.call_soon_threadsafe(conn.write, data)
 
+    def peer(self, session: str) -> str:
+        """``host:port`` of the connection's remote end ("" if it is gone)."""
+        conn = self.conns.get(session)
+        transport = conn.transport if conn is not None else None
+        address = transport.get_extra_info("peername") if transport is not None else None
+        if not address:
+            return ""
+        host, port = address[0], address[1]
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
     def drop(self, session: str) -> None:
         conn = self.conns.get(session)
         if conn is not None:

@@ -126,6 +126,11 @@ class ZmqServer:
 
     # ----------------------------------------------------------------- sending
 
+    def peer(self, session: str) -> str:
+        """A ROUTER does not tell a peer's address: the session's routing id, as
+        ``zmq:<hex>``, names the remote end."""
+        return f"zmq:{session.partition('.')[0]}" if session in self._by_name else ""
+
     def send(self, session: str, frames: list[bytes]) -> None:
         """Send a reply to a session, from any thread (dropped if the session is gone)."""
         rid = self._by_name.get(session)
