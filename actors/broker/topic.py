@@ -132,7 +132,7 @@ class TopicActor(Actor):
         self.durable_ack = options.mem_queue_size == 0 and not self.ephemeral
         self._tokens = itertools.count(1)
         self.waiting: dict[int, _Waiting] = {}
-        self._stopping = False
+        self.deleted = False
         self._reset()
 
     def _reset(self) -> None:
@@ -213,15 +213,11 @@ class TopicActor(Actor):
 
     def on_receive(self, msg: Any) -> Any:
         reply = self._on_receive(msg)
-        if not self.exists and not self.ephemeral and not self.waiting:
-            self._stop_once()  # only a name (a bad one, asked about, deleted): nothing to keep
+        if not self.exists and (not self.ephemeral or self.deleted) and not self.waiting:
+            # Only a name (a bad one, asked about, deleted): nothing to keep.  Unless a
+            # message is already waiting, which may create the topic (then it stays).
+            self.stop_if_idle()
         return reply
-
-    def _stop_once(self) -> None:
-        """Stop after the messages already queued; a later one starts a fresh actor."""
-        if not self._stopping:
-            self._stopping = True
-            self.stop()
 
     def _on_receive(self, msg: Any) -> Any:
         match msg:
@@ -483,7 +479,7 @@ class TopicActor(Actor):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.meta_path)
         self._reset()
-        self._stop_once()  # gone from every listing
+        self.deleted = True  # (on_receive then stops the actor if nothing else waits)
 
     def _stats(self, include_clients: bool) -> dict[str, Any]:
         names = sorted(self.channels)

@@ -98,6 +98,7 @@ class Actor(pykka.Actor):
         self.handled = 0
         self.restart_count = 0  # set by the slot before on_start: 0 on first start
         self._stop_requested = False
+        self._stop_if_idle = False
         self._unprocessed: Sequence[Any] = ()
 
     @staticmethod
@@ -150,6 +151,16 @@ class Actor(pykka.Actor):
         (unless it is :func:`no_spawn`).  Never blocks, even on a full mailbox.
         """
         self.actor_inbox.put_force(Envelope(_ActorStop()))
+
+    def stop_if_idle(self) -> None:
+        """Stop after this message if no other is queued by then (atomically: a message
+        that arrives first keeps this instance, and it decides again after it).
+
+        For an actor that only wants to go when nothing wants it (a topic that
+        does not exist): unlike `stop`, no message is ever handled by an instance
+        already bound to stop.  A later message creates a fresh actor.
+        """
+        self._stop_if_idle = True
 
     # -- deferred replies -----------------------------------------------------
 

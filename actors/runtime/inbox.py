@@ -184,6 +184,14 @@ class Mailbox:
             self.scheduled = False
             return False
 
+    def close_if_empty(self) -> bool:
+        """Refuse further puts if nothing is queued (atomically); True if closed."""
+        with self._lock:
+            if self.queue or self.closed:
+                return False
+            self.closed = True
+            return True
+
     def close(self) -> list[Envelope[Any]]:
         """Refuse further puts; return what was still queued (to fail its asks)."""
         with self._lock:

@@ -164,7 +164,10 @@ class Node:
             msg = f"mailbox of {name} stayed full for {timeout}s"
             raise MailboxFull(msg) from e
         except ActorDeadError:  # it stopped between the lookup and the put
-            self._dead_letter(name, envelope, slot)
+            if self._stopping or not spawns(envelope.message):
+                self._dead_letter(name, envelope, slot)
+                return
+            self.deliver(name, envelope, timeout)  # (the closed slot makes way for a new one)
 
     def _dead_letter(self, name: str, envelope: PykkaEnvelope[Any], slot: ActorSlot | None) -> None:
         """A message for an actor that has stopped, or that a late message may not create.

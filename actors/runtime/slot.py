@@ -217,6 +217,12 @@ class ActorSlot:
             actor = self._handle(actor, envelope)
             if actor is None:  # stopped, or escalated
                 return
+            if actor._stop_if_idle:
+                actor._stop_if_idle = False
+                if mailbox.close_if_empty():
+                    actor._stop()  # on_stop
+                    self._teardown(actor)
+                    return
         if mailbox.end_batch():
             self._ready()
 

@@ -329,3 +329,47 @@ def test_tell_later_is_a_timer_on_the_dispatcher_not_a_thread(node: Node) -> Non
     assert len(Alarm.rang) == 1_000
     assert all(waited >= n / 1000 for n, waited in Alarm.rang)
     assert threading.active_count() <= threads_before + 2  # the I/O pool may grow, not per timer
+
+
+class Lingerer(Actor):
+    """Counts what it handles; after every message it asks to go if nothing is queued."""
+
+    instances = 0
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        Lingerer.instances += 1
+        self.count = 0
+
+    def on_receive(self, msg: Any) -> Any:
+        self.count += 1
+        if isinstance(msg, Hold):  # a gate: the messages sent meanwhile queue up
+            assert Echo.gate is not None
+            Echo.gate.wait(10)
+        self.stop_if_idle()
+        return self.count
+
+
+def test_stop_if_idle_goes_only_when_nothing_is_queued(run_dir: str) -> None:
+    Echo.gate, Lingerer.instances = threading.Event(), 0
+    node = Node(NodeSpec("worker-0", run_dir, RuntimeOptions(workers=1, dispatcher_threads=2),
+                         {"linger": Lingerer}))
+    try:
+        # An idle actor that asks to go is gone (its name starts afresh)
+        assert node.endpoint.ask("linger:a", Seq(1), timeout=10) == 1
+        wait = time.monotonic() + 10
+        while "linger:a" in node._slots and time.monotonic() < wait:
+            time.sleep(0.01)
+        assert "linger:a" not in node._slots
+        assert node.endpoint.ask("linger:a", Seq(2), timeout=10) == 1  # a fresh instance
+        # One with messages queued behind stays, and the same instance handles them all
+        Echo.gate.clear()
+        node.endpoint.tell("linger:b", Hold())
+        for i in range(50):
+            node.endpoint.tell("linger:b", Seq(i))
+        Echo.gate.set()
+        assert node.endpoint.ask("linger:b", Seq(-1), timeout=10) == 52
+        assert Lingerer.instances == 3
+    finally:
+        Echo.gate.set()
+        assert node.shutdown(time.monotonic() + 10)
