@@ -5,22 +5,28 @@
 Runs the chaos workload of ``tests/chaos`` (ZeroMQ, NSQ TCP and HTTP
 producers publishing unique ids, two consumers, a broker with
 ``--mem-queue-size=0``) and, every 5 s, prints the acknowledged and delivered
-throughput of the interval and the resident memory of every broker process.
-At the end it drains the channel and prints the checker's counts (lost must
-be 0), the publish-to-delivery p50/p99 and the peak memory per process.
-Memory should stay flat while the backlog grows: it is bounded by the
-buffers and the chunk cache, not by the number of messages stored.
+throughput of the interval and the resident memory, threads and fds of every
+broker process.  At the end it drains the channel and prints the checker's
+counts (lost must be 0), the publish-to-delivery p50/p99, the peak memory
+per process, threads and fds first and last, and, for every time the broker
+came back (`/ping` answering again after a kill), how long the consumers
+took to receive again.  Memory, threads and fds should stay flat while the
+backlog grows: they are bounded by the buffers and the chunk cache, not by
+the number of messages stored.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import statistics
 import tempfile
 import threading
 import time
 from pathlib import Path
+
+import psutil
 
 from tests.chaos.harness import (
     BrokerProcess,
@@ -58,10 +64,32 @@ def main() -> None:
         threads.append(threading.Thread(target=nemesis, args=(
             broker, stop_nemesis, random.Random(rng.random()), actions)))
     peak: dict[str, int] = {}
+    usage: list[dict[str, tuple[int, int]]] = []
+    comebacks: list[float] = []  # seconds from /ping OK again to the next delivery
+    watching = threading.Event()
+
+    def watch_restarts() -> None:
+        """Time every comeback: /ping fails, answers again, then a delivery arrives."""
+        was_up = True
+        while not watching.is_set():
+            up = broker.ping()
+            if up and not was_up:
+                back = time.monotonic()
+                before = ledger.delivery_count()
+                while not watching.is_set() and ledger.delivery_count() == before:
+                    if time.monotonic() - back > 120:
+                        break
+                    time.sleep(0.05)
+                comebacks.append(time.monotonic() - back)
+            was_up = up
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=watch_restarts, daemon=True)
     print(f"soak: {a.seconds:.0f} s, seed {a.seed}, nemesis {'off' if a.no_nemesis else 'on'}")
-    print(f"{'t':>5} {'acked/s':>9} {'delivered/s':>12}  rss MiB by process")
+    print(f"{'t':>5} {'acked/s':>9} {'delivered/s':>12}  rss MiB / threads / fds by process")
     for t in threads:
         t.start()
+    watcher.start()
     start = time.monotonic()
     last = ledger.check()
     while time.monotonic() - start < a.seconds:
@@ -71,15 +99,21 @@ def main() -> None:
             rss = broker.rss()
         except Exception:
             rss = {}
+        sample = _threads_and_fds(broker)
+        if sample:
+            usage.append(sample)
         for name, value in rss.items():
             peak[name] = max(peak.get(name, 0), value)
         acked = (now["acknowledged"] - last["acknowledged"]) / 5
         delivered = (now["delivered"] - last["delivered"]) / 5
         print(f"{time.monotonic() - start:5.0f} {acked:9.0f} {delivered:12.0f}  "
-              + " ".join(f"{k}={v / 2**20:.0f}" for k, v in sorted(rss.items())), flush=True)
+              + " ".join(f"{k}={v / 2**20:.0f}/{sample.get(k, ('?', '?'))[0]}/"
+                         f"{sample.get(k, ('?', '?'))[1]}" for k, v in sorted(rss.items())),
+              flush=True)
         last = now
     stop_nemesis.set()
     stop_load.set()
+    watching.set()
     for t in threads:
         t.join(120)
     draining.set()
@@ -96,6 +130,27 @@ def main() -> None:
           f"{result['duplicated'] / max(1, result['delivered']):.1%}")
     print(f"publish-to-delivery latency p50 {q[49] * 1000:.1f} ms, p99 {q[98] * 1000:.1f} ms")
     print("peak rss MiB: " + " ".join(f"{k}={v / 2**20:.0f}" for k, v in sorted(peak.items())))
+    if usage:
+        print("threads/fds first sample: " + _usage_line(usage[0]))
+        print("threads/fds last sample:  " + _usage_line(usage[-1]))
+    if comebacks:
+        print(f"broker came back {len(comebacks)} times; first delivery after /ping OK: "
+              f"median {statistics.median(comebacks):.2f} s, max {max(comebacks):.2f} s")
+
+
+def _threads_and_fds(broker: BrokerProcess) -> dict[str, tuple[int, int]]:
+    """(threads, fds) of every broker process, by name ({} while it is down)."""
+    out: dict[str, tuple[int, int]] = {}
+    with contextlib.suppress(Exception):
+        for p in broker.processes():
+            if p.pid:
+                proc = psutil.Process(p.pid)
+                out[p.name] = (proc.num_threads(), proc.num_fds())
+    return out
+
+
+def _usage_line(sample: dict[str, tuple[int, int]]) -> str:
+    return " ".join(f"{k}={t}/{f}" for k, (t, f) in sorted(sample.items()))
 
 
 if __name__ == "__main__":

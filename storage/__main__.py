@@ -1,14 +1,17 @@
 """`python -m storage`: a small demonstration of the embedded storage engine.
 
-Opens (or reopens) a queue under ``--data-path`` (default ``./data``), puts
-messages, reads half of them back, and prints the queue's stats.  Run it
-twice: the second run finds the messages the first one left behind.
+Opens (or reopens) a queue under ``--data-path`` (default: a directory under
+the system's temp dir, kept between runs -- never the broker's ``./data``),
+puts messages, reads half of them back, and prints the queue's stats.  Run
+it twice: the second run finds the messages the first one left behind.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import tempfile
 import time
 
 from storage import DiskQueue
@@ -17,7 +20,8 @@ from storage import DiskQueue
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m storage", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data-path", default="data", help="directory for the queue files")
+    parser.add_argument("--data-path", default=os.path.join(tempfile.gettempdir(), "storage-demo"),
+                        help="directory for the queue files (default: %(default)s)")
     parser.add_argument("--messages", type=int, default=100_000, help="messages to put")
     args = parser.parse_args(argv)
     with DiskQueue("demo", args.data_path) as q:

@@ -259,7 +259,8 @@ def default_node_id(hostname: str | None = None) -> int:
 # Conversion of raw values (config file or command line) to field types
 
 
-def _convert(name: str, raw: object) -> object:
+def _convert(name: str, raw: object, label: str | None = None) -> object:
+    """`raw` as option `name`'s type; errors name it as `label` (default: its flag)."""
     kind = FIELDS[name].metadata["kind"]
     try:
         if kind.endswith("?"):
@@ -294,7 +295,7 @@ def _convert(name: str, raw: object) -> object:
     except ValueError as e:
         expected = {"int": "an integer", "float": "a number", "bool": "true or false"}
         what = expected.get(kind, "a duration" if kind == "duration" else "a string")
-        msg = f"option {name} must be {what}, got {raw!r}"
+        msg = f"{label or '--' + name.replace('_', '-')} must be {what}, got {raw!r}"
         raise OptionsError(msg, name) from e
 
 
@@ -310,7 +311,7 @@ def _normalise_keys(mapping: Mapping[str, object], source: str) -> dict[str, obj
         if name in out:
             msg = f"option {name} is given twice in {source} (as {name!r} and with dashes)"
             raise OptionsError(msg, name)
-        out[name] = _convert(name, value)
+        out[name] = _convert(name, value, name)  # (a config file's key)
     return out
 
 
@@ -356,7 +357,7 @@ class _VersionAction(argparse.Action):
 
 def _default_text(f: dataclasses.Field[Any]) -> str:
     default: Any = f.default
-    if default is None:
+    if default is None or "(default" in f.metadata["help"]:  # (the help says it better)
         return ""
     if f.metadata["kind"] == "duration":
         return f" (default {format_duration(default)})"

@@ -14,7 +14,9 @@ data; nothing is downloaded at run time).
 4. The Parquet table is checked against the source: every subdivision code
    must be there (duplicates, which at-least-once allows, are counted).
 
-Run a broker (``python -m actors.broker``) and then::
+It needs a JDK (17; Spark runs on the JVM), the ``spark`` extra and
+``pycountry`` (``pip install -e '.[spark]' pycountry``).  Run a broker
+(``python -m actors.broker``) and then::
 
     python examples/spark/pipeline.py --broker tcp://127.0.0.1:4153 --out ./iso3166-parquet
 """

@@ -207,7 +207,9 @@ def test_a_wrongly_typed_config_value_names_the_option(tmp_path: Path) -> None:
 
 
 def test_a_bad_flag_value_names_the_option() -> None:
-    with pytest.raises(OptionsError, match="msg_timeout must be a duration"):
+    with pytest.raises(OptionsError, match="--mem-queue-size must be an integer, got 'abc'"):
+        parse_options(["--mem-queue-size=abc"])
+    with pytest.raises(OptionsError, match="--msg-timeout must be a duration"):
         parse_options(["--msg-timeout", "soon"])
 
 

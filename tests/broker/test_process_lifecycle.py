@@ -280,3 +280,20 @@ def test_ping_says_nok_while_a_worker_cannot_answer_and_metrics_cover_every_proc
         wait_for(lambda: get("/ping") == (200, "OK"), 10, "/ping OK again")
     finally:
         b.stop()
+
+
+def test_ctl_finds_a_broker_by_its_data_path_and_says_at_once_when_there_is_none(tmp_path):
+    data = tmp_path / "data"
+    ctl = [sys.executable, "-m", "actors.ctl", "--data-path", str(data), "ps"]
+    started = time.monotonic()
+    none = subprocess.run(ctl, check=False, capture_output=True, text=True, timeout=30)
+    assert none.returncode == 1
+    assert f"no broker running in {data}" in none.stderr
+    assert time.monotonic() - started < 10
+    b = Broker(broker_options(data)).start()
+    try:
+        running = subprocess.run(ctl, check=False, capture_output=True, text=True, timeout=30)
+        assert running.returncode == 0, running.stderr
+        assert "gateway" in running.stdout
+    finally:
+        b.stop()

@@ -192,6 +192,11 @@ class Ledger:
             if published_ns and len(self.latencies) < 1_000_000:
                 self.latencies.append(time.time() - published_ns / 1e9)
 
+    def delivery_count(self) -> int:
+        """Deliveries so far, duplicates included (grows with every message received)."""
+        with self.lock:
+            return sum(self.delivered.values())
+
     def check(self) -> dict[str, int]:
         with self.lock:
             delivered = set(self.delivered)

@@ -360,3 +360,18 @@ def test_invalid_queue_names_are_refused(tmp_path):
     for bad in ("", "a/b", "a\x00b"):
         with pytest.raises(ValueError, match="invalid queue name"):
             DiskQueue(bad, tmp_path)
+
+
+def test_the_demo_writes_outside_the_brokers_data_directory(tmp_path, monkeypatch, capsys):
+    from storage.__main__ import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)  # (re-read TMPDIR)
+    assert main(["--messages", "400"]) == 0
+    assert not (tmp_path / "data").exists()
+    assert list((tmp_path / "tmp" / "storage-demo").glob("demo.diskqueue.*"))
+    assert "opened queue 'demo'" in capsys.readouterr().out
