@@ -471,27 +471,32 @@ class ChannelState:
         return out
 
     def client_stats(self) -> list[dict[str, object]]:
-        """nsqd 1.3's client entries, field for field and type for type (compression
-        and TLS are not offered yet: false and empty), plus ours: `client` (the actor)
+        """nsqd 1.3's client entries (`client_entry`), plus ours: `client` (the actor)
         and `timeout_count`."""
-        out: list[dict[str, object]] = []
-        for c in self.clients.values():
-            info = c.info or {}
-            out.append({
-                "client_id": str(info.get("client_id", "")),
-                "hostname": str(info.get("hostname", "")),
-                "version": str(info.get("version", "V2")),
-                "remote_address": str(info.get("remote_address", "")),
-                "state": 3,  # nsqd's stateSubscribed
-                "ready_count": c.rdy, "in_flight_count": c.in_flight,
-                "message_count": c.delivered, "finish_count": c.finished,
-                "requeue_count": c.requeued,
-                "connect_ts": int(info.get("connect_ts", 0)),
-                "sample_rate": int(info.get("sample_rate", 0)),
-                "deflate": False, "snappy": False,
-                "user_agent": str(info.get("user_agent", "")),
-                "tls": False, "tls_cipher_suite": "", "tls_version": "",
-                "tls_negotiated_protocol": "", "tls_negotiated_protocol_is_mutual": False,
-                "client": c.name, "timeout_count": c.timed_out,
-            })
-        return out
+        return [{**client_entry(c.info or {}, state=3, ready=c.rdy, in_flight=c.in_flight,
+                                messages=c.delivered, finished=c.finished,
+                                requeued=c.requeued),
+                 "client": c.name, "timeout_count": c.timed_out}
+                for c in self.clients.values()]
+
+
+def client_entry(info: dict[str, Any], *, state: int, ready: int = 0, in_flight: int = 0,
+                 messages: int = 0, finished: int = 0, requeued: int = 0) -> dict[str, object]:
+    """A client in nsqd 1.3's /stats shape, field for field and type for type, from what
+    the client said of itself (`info`).  Compression and TLS are not offered yet: false
+    and empty.  (nsqd's states: 3 subscribed, 0 for a producer that never subscribed.)"""
+    return {
+        "client_id": str(info.get("client_id", "")),
+        "hostname": str(info.get("hostname", "")),
+        "version": str(info.get("version", "V2")),
+        "remote_address": str(info.get("remote_address", "")),
+        "state": state,
+        "ready_count": ready, "in_flight_count": in_flight, "message_count": messages,
+        "finish_count": finished, "requeue_count": requeued,
+        "connect_ts": int(info.get("connect_ts", 0)),
+        "sample_rate": int(info.get("sample_rate", 0)),
+        "deflate": False, "snappy": False,
+        "user_agent": str(info.get("user_agent", "")),
+        "tls": False, "tls_cipher_suite": "", "tls_version": "",
+        "tls_negotiated_protocol": "", "tls_negotiated_protocol_is_mutual": False,
+    }

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors.broker import connections, health
+from actors.broker.channel_state import client_entry
 from actors.broker.errors import (
     BrokerError,
     PubFailed,
@@ -151,6 +152,14 @@ class ClientInfo:
     """Ask: the client's state (subscription, RDY, outbox size)."""
 
 
+@no_spawn
+@message
+@dataclass(frozen=True)
+class ClientProducer:
+    """Ask: this client as an nsqd /stats producer (with `pub_counts` per topic), or
+    None if it never published."""
+
+
 class ClientActor(Actor):
     """See the module docstring."""
 
@@ -170,6 +179,8 @@ class ClientActor(Actor):
         # waiting answers, in order: (seq, corr, when sent)
         self.pubs: deque[tuple[int, bytes | None, float]] = deque()
         self.pub_done: dict[int, Any] = {}
+        self.pub_topics: dict[int, tuple[str, int]] = {}  # seq -> (topic, messages)
+        self.pub_counts: dict[str, int] = {}  # topic -> messages published (answered OK)
 
     def on_start(self) -> None:
         if not self.restart_count:
@@ -211,6 +222,12 @@ class ClientActor(Actor):
             case ClientTake(limit=limit):
                 n = min(limit, len(self.outbox))
                 return [self.outbox.popleft() for _ in range(n)]
+            case ClientProducer():
+                if not self.pub_counts:
+                    return None
+                return {**client_entry(self._stats_info(), state=3 if self.channel else 0),
+                        "pub_counts": [{"topic": t, "count": n}
+                                       for t, n in sorted(self.pub_counts.items())]}
             case ClientInfo():
                 return {"channel": self.channel, "rdy": self.rdy, "outbox": len(self.outbox),
                         "msg_timeout_ms": self.msg_timeout_ms, "closed": self.closed}
@@ -278,6 +295,7 @@ class ClientActor(Actor):
                     raise bad_topic(topic, "DPUB" if defer_ms else "PUB")
                 self.pub_seq += 1
                 self.pubs.append((self.pub_seq, corr, self.clock()))
+                self.pub_topics[self.pub_seq] = (topic, len(bodies))
                 self._expire_publishes()
                 self.tell(f"topic:{topic}", Publish(list(bodies), defer_ms, self.name,
                                                     self.pub_seq))
@@ -308,6 +326,7 @@ class ClientActor(Actor):
             corr = self.pubs[0][1]
             self.pub_done.clear()
             self.pubs.clear()
+            self.pub_topics.clear()
             self._error(PubFailed(f"PUB failed: no answer from the topic in "
                                   f"{PUBLISH_TIMEOUT:g}s", fatal=True), corr)
 
@@ -315,6 +334,9 @@ class ClientActor(Actor):
         while self.pubs and self.pubs[0][0] in self.pub_done:
             seq, corr, _ = self.pubs.popleft()
             error = self.pub_done.pop(seq)
+            topic, count = self.pub_topics.pop(seq, ("", 0))
+            if error is None and topic:
+                self.pub_counts[topic] = self.pub_counts.get(topic, 0) + count
             if error is not None:
                 self._error(BrokerError(error[1], fatal=error[2], code=error[0]), corr)
                 continue

@@ -31,6 +31,7 @@ from actors.broker.client import (
     ClientFin,
     ClientGone,
     ClientIdentify,
+    ClientProducer,
     ClientPub,
     ClientRdy,
     ClientReq,
@@ -134,7 +135,8 @@ class GatewayFacade:
             stats["channels"] = chans
             topics.append(stats)
         out: dict[str, Any] = {"version": _version(), "health": self.health() or "OK",
-                               "start_time": self.start_time, "topics": topics}
+                               "start_time": self.start_time, "topics": topics,
+                               "producers": self._producers(topic) if include_clients else None}
         try:
             with ControlClient(run_dir_for(self.options.data_path), timeout=2.0) as ctl:
                 out["processes"] = [_with_usage(_plain(p)) for p in ctl.ps()]
@@ -151,6 +153,24 @@ class GatewayFacade:
                 out.setdefault("actors_error", f"{node}: {e}")
         out["actors"] = actors
         return out
+
+    def _producers(self, topic: str | None) -> list[dict[str, Any]] | None:
+        """Connections that published (nsqd's producers), with their `pub_counts`
+        (only `topic`'s when asked for one topic); None when there are none, as nsqd."""
+        endpoint = current_endpoint()
+        names = [a["name"] for a in endpoint.ask_node(GATEWAY, ListActors("client:"),
+                                                      self.timeout)]
+        out = []
+        for reply in endpoint.ask_many([(n, ClientProducer()) for n in names], self.timeout):
+            if reply is None or isinstance(reply, Exception):
+                continue  # never published, or gone meanwhile
+            entry = dict(reply)
+            if topic:
+                entry["pub_counts"] = [c for c in entry["pub_counts"] if c["topic"] == topic]
+                if not entry["pub_counts"]:
+                    continue
+            out.append(entry)
+        return out or None
 
     def health(self) -> str | None:
         """None if a publish can be taken: no storage failure since the last good

@@ -175,3 +175,33 @@ def test_stats_show_a_consumer_with_every_field_nsqd_reports(broker):
         assert client["connect_ts"] > 1_700_000_000
     finally:
         sub.close()
+
+
+def test_stats_list_the_connections_that_published_as_nsqd_producers(broker):
+    import json
+    import urllib.request
+
+    pub = Conn(broker)
+    try:
+        pub.send(pc.Identify({"client_id": "orders-writer"}))
+        assert pub.frames(1)
+        pub.send(pc.Mpub("prod_a", (b"1", b"2", b"3")))
+        pub.send(pc.Pub("prod_b", b"x"))
+        assert len(pub.frames(2)) == 2
+
+        def stats(query: str = "") -> dict:
+            url = f"http://127.0.0.1:{broker.http_port}/stats?format=json{query}"
+            with urllib.request.urlopen(url, timeout=10) as r:
+                return json.loads(r.read())
+
+        (producer,) = [p for p in stats()["producers"] if p["client_id"] == "orders-writer"]
+        for field, kind in NSQD_CLIENT_FIELDS.items():
+            assert type(producer[field]) is kind, field
+        assert producer["pub_counts"] == [{"topic": "prod_a", "count": 3},
+                                          {"topic": "prod_b", "count": 1}]
+        (only_b,) = [p for p in stats("&topic=prod_b")["producers"]
+                     if p["client_id"] == "orders-writer"]
+        assert only_b["pub_counts"] == [{"topic": "prod_b", "count": 1}]
+        assert stats("&include_clients=false")["producers"] is None
+    finally:
+        pub.close()
