@@ -1,6 +1,6 @@
 """Soak: producers and consumers against a broker under the chaos nemesis, for a set time.
 
-    python -m bench.soak [--seconds 120] [--seed 1] [--no-nemesis]
+    python -m bench.soak [--seconds 120] [--seed 1] [--no-nemesis] [--plain-consumers]
 
 Runs the chaos workload of ``tests/chaos`` (ZeroMQ, NSQ TCP and HTTP
 producers publishing unique ids, two consumers, a broker with
@@ -12,7 +12,9 @@ per process, threads and fds first and last, and, for every time the broker
 came back (`/ping` answering again after a kill), how long the consumers
 took to receive again.  Memory, threads and fds should stay flat while the
 backlog grows: they are bounded by the buffers and the chunk cache, not by
-the number of messages stored.
+the number of messages stored.  ``--plain-consumers`` makes the consumers
+take every message at once (no REQs, no handler sleeping past the timeout),
+so the comeback times measure the broker and the client, not the workload.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=120)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-nemesis", action="store_true")
+    ap.add_argument("--plain-consumers", action="store_true",
+                    help="consumers that take every message at once")
     a = ap.parse_args()
     rng = random.Random(a.seed)
     work = Path(tempfile.mkdtemp(prefix="soak", dir="/tmp"))
@@ -54,6 +58,8 @@ def main() -> None:
     ledger = Ledger()
     stop_load, stop_nemesis, draining = threading.Event(), threading.Event(), threading.Event()
     actions: list[str] = []
+    if a.plain_consumers:
+        draining.set()  # (the workload's consumers just take everything while draining)
     consumers = [consumer(broker, ledger, random.Random(rng.random()), draining)
                  for _ in range(2)]
     threads = [threading.Thread(target=f, args=(broker, ledger, stop_load, tag,

@@ -264,6 +264,7 @@ class _Session:
         self.fins: deque[bytes] = deque()  # thread-safe appends; drained by the session
         self.outbox: deque[Any] = deque()
         self.sock: zmq.Socket[Any] | None = None
+        self.monitor: zmq.Socket[Any] | None = None
         self.left = False
         self.thread = threading.Thread(target=self.run, name=f"consumer-{endpoint}", daemon=True)
 
@@ -280,9 +281,7 @@ class _Session:
                 backoff = 0.05
             except (TimeoutError, zmq.ZMQError, BrokerRefused) as e:
                 log.warning("consumer session with %s ended: %s", self.endpoint, e)
-            if self.sock is not None:
-                self.sock.close(linger=0)
-                self.sock = None
+            self._close_socket()
             c.stopping.wait(backoff)
             backoff = min(c.max_backoff, backoff * 2)
         self.leave()
@@ -292,9 +291,25 @@ class _Session:
             self.left = True
             self.consumer.session_closing()
 
+    def _close_socket(self) -> None:
+        if self.sock is not None:
+            if self.monitor is not None:
+                self.sock.disable_monitor()
+                self.monitor.close(linger=0)
+                self.monitor = None
+            self.sock.close(linger=0)
+            self.sock = None
+
     def _session(self) -> None:
         c = self.consumer
         self.sock = _socket(c.ctx, self.endpoint)
+        # A DEALER reconnects by itself, but the broker behind it may be a new one that
+        # knows nothing of this session: on a disconnect, start the session afresh
+        # (IDENTIFY, SUB, RDY) at once rather than after two silent heartbeats.
+        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(self.monitor, zmq.POLLIN)
         hb = c.heartbeat_interval_ms
         self.send(pc.Identify({"client_id": c.client_id, "heartbeat_interval": hb,
                                "msg_timeout": c.msg_timeout_ms,
@@ -309,7 +324,10 @@ class _Session:
                 self.send(pc.Cls(), b"#cls")
                 closing = True
                 close_deadline = time.monotonic() + 2.0
-            if not self.sock.poll(100):
+            ready = dict(poller.poll(100))
+            if self.monitor in ready and not closing:
+                raise TimeoutError(f"{self.endpoint} disconnected")
+            if self.sock not in ready:
                 self._flush()
                 if time.monotonic() - last_heard > 2 * hb / 1000:
                     raise TimeoutError(f"{self.endpoint} silent for two heartbeat intervals")

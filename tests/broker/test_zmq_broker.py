@@ -136,3 +136,37 @@ def test_touch_keeps_a_long_running_message_from_timing_out(broker):
                  what="finished")
     assert attempts == [1]
     assert broker.topic_stats("slow")["channels"][0]["timeout_count"] == 0
+
+
+def test_a_consumer_subscribes_again_as_soon_as_the_gateway_comes_back(tmp_path):
+    # Given a consumer with a long heartbeat (silence alone would take 2 minutes to notice),
+    # on fixed ports (a gateway restarted on port 0 would pick other ones)
+    from tests.broker.test_process_lifecycle import free_port
+
+    b = Broker(broker_options(tmp_path / "data", mem_queue_size=0,
+                              zmq_address=f"tcp://127.0.0.1:{free_port()}",
+                              tcp_address=f"127.0.0.1:{free_port()}",
+                              http_address=f"127.0.0.1:{free_port()}")).start()
+    got = Collector()
+    try:
+        with Consumer("back", "c", got, b.zmq_endpoint, heartbeat_interval_ms=60_000) as _, \
+                Producer(b.zmq_endpoint) as p:
+            wait_for(lambda: b.topic_stats("back")["channels"]
+                     and b.topic_stats("back")["channels"][0]["client_count"] == 1,
+                     what="the subscription")
+            p.publish("back", b"before")
+            wait_for(lambda: got.bodies == [b"before"], what="the first message")
+            # When the gateway (which held the session) is killed and restarted
+            (gateway,) = [x for x in b.supervisor.ps() if x.name == "gateway"]
+            import os
+            import signal
+
+            os.kill(gateway.pid, signal.SIGKILL)
+            wait_for(lambda: any(x.name == "gateway" and x.alive and x.pid != gateway.pid
+                                 for x in b.supervisor.ps()), 30, "the gateway back")
+            # Then the consumer's session starts afresh at once (its DEALER saw the
+            # disconnect): a message published now arrives well before two heartbeats
+            p.publish("back", b"after")
+            wait_for(lambda: b"after" in got.bodies, 30, "the message after the restart")
+    finally:
+        b.stop()
