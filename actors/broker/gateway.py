@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import socket
 import time
 from dataclasses import asdict, dataclass, is_dataclass
@@ -373,7 +374,11 @@ class SocketListener(Actor):
         return TcpServer(host, port, bridge, limits=limits, info=info)
 
     def on_start(self) -> None:
-        bridge = ProtocolBridge("z" if self.protocol == "zmq" else "t",
+        # Client actor names carry this listener's life (a random token): the sessions
+        # of a restarted gateway count afresh (and ZeroMQ's routing ids repeat), so a
+        # name must never be one that a channel still holds for a client of the last life.
+        life = secrets.token_hex(3)
+        bridge = ProtocolBridge(f"z{life}." if self.protocol == "zmq" else f"t{life}.",
                                 ZmqConnection if self.protocol == "zmq" else TcpConnection)
         try:
             self.server = self._make_server(bridge)

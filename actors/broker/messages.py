@@ -129,6 +129,11 @@ class Deliver:
     channel: str
     messages: list[bytes]
 
+    def bounce(self, client: str) -> tuple[str, Any]:
+        """The client actor is gone (its gateway restarted): the channel drops it and
+        puts what it had in flight back at once."""
+        return f"channel:{self.channel}", Unsub(client)
+
 
 @no_spawn
 @message

@@ -55,6 +55,7 @@ from actors.runtime.actor import Actor, bind_endpoint, spawns
 from actors.runtime.dispatcher import Dispatcher
 from actors.runtime.endpoint import Endpoint
 from actors.runtime.errors import DebugHooksDisabled, MailboxFull, RuntimeNotRunning, UnknownActor
+from actors.runtime.inbox import Batch
 from actors.runtime.options import EXIT_ESCALATED, LOG_FORMAT, RuntimeOptions
 from actors.runtime.placement import Placement, split_name
 from actors.runtime.slot import ActorSlot, RestartIntensity
@@ -179,8 +180,19 @@ class Node:
             error: Exception = (ActorDeadError(f"{name} has stopped") if slot is not None
                                 else UnknownActor(f"no actor {name!r} on {self.spec.node}"))
             envelope.reply_to.set_exception((type(error), error, None))
-        else:
-            logger.debug("%s: dropped a message for %s, which has stopped", self.spec.node, name)
+            return
+        logger.debug("%s: dropped a message for %s, which has stopped", self.spec.node, name)
+        # A message may say whom to tell that its receiver is gone (`bounce(name)` ->
+        # (actor, message)): a channel delivering to a client whose gateway restarted
+        # learns it at once instead of at the client's lease expiry.
+        message = envelope.message
+        for m in message.messages if type(message) is Batch else (message,):
+            bounce = getattr(m, "bounce", None)
+            if bounce is not None and not self._stopping:
+                try:
+                    self.endpoint.tell(*bounce(name))
+                except Exception:
+                    logger.debug("%s: could not bounce a message for %s", self.spec.node, name)
 
     def system(self, request: Any) -> Any:
         match request:

@@ -168,5 +168,7 @@ def test_a_consumer_subscribes_again_as_soon_as_the_gateway_comes_back(tmp_path)
             # disconnect): a message published now arrives well before two heartbeats
             p.publish("back", b"after")
             wait_for(lambda: b"after" in got.bodies, 30, "the message after the restart")
+            # (and it went to this consumer, not to the producer's new session: client
+            # names are unique to the gateway's life, ZeroMQ routing ids repeat)
     finally:
         b.stop()
