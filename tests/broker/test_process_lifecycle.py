@@ -297,3 +297,20 @@ def test_ctl_finds_a_broker_by_its_data_path_and_says_at_once_when_there_is_none
         assert "gateway" in running.stdout
     finally:
         b.stop()
+
+
+def test_a_port_in_use_is_one_line_and_exit_1_within_seconds(tmp_path, processes):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = int(taken.getsockname()[1])
+        started = time.monotonic()
+        b = BrokerProcess(tmp_path / "data", tmp_path / "b.log", port)
+        processes.append(b)
+        assert b.proc.wait(30) == 1
+        assert time.monotonic() - started < 15
+    log = b.log.read_text()
+    assert f"127.0.0.1:{port}" in log
+    assert "Address already in use" in log
+    assert "Traceback" not in log
+    assert not b.children()  # nothing left behind
