@@ -217,7 +217,7 @@ class DiskQueueActor(Actor):
         return os.path.join(self.options.data_path, queue_name(self.owner) + DELAYED_SUFFIX)
 
     def _delayed_store(self) -> DelayedStore:
-        """The channel's delayed store, created by its first deferred message."""
+        """The owner's delayed store, created by its first deferred message."""
         if self.delayed is None:
             self.delayed = DelayedStore(self.options.data_path, name=queue_name(self.owner))
         return self.delayed

@@ -276,6 +276,12 @@ class Alive:
 
 @message
 @dataclass(frozen=True)
+class Swept:
+    """Ask a scanner: the channels it sweeps now (those with work in flight or deferred)."""
+
+
+@message
+@dataclass(frozen=True)
 class Tick:
     """The scanner's own timer: time for a sweep (ignored unless `epoch` is the instance's)."""
 

@@ -29,7 +29,15 @@ import time
 from collections import deque
 from typing import Any
 
-from actors.broker.messages import Alive, Scan, ScanDone, ScanRegister, ScanUnregister, Tick
+from actors.broker.messages import (
+    Alive,
+    Scan,
+    ScanDone,
+    ScanRegister,
+    ScanUnregister,
+    Swept,
+    Tick,
+)
 from actors.broker.options import BrokerOptions
 from actors.runtime.actor import Actor
 
@@ -107,6 +115,8 @@ class ScannerActor(Actor):
         match msg:
             case Alive():
                 return None
+            case Swept():
+                return sorted(self.channels)
             case ScanRegister(channel=channel):
                 self.channels.add(channel)
             case ScanUnregister(channel=channel):

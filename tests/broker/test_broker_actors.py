@@ -32,6 +32,7 @@ from actors.broker.client import (
     ClientTake,
 )
 from actors.broker.errors import BrokerError
+from actors.broker.messages import Swept
 from actors.broker.nsq_message import decode_message
 from tests.broker.conftest import broker_options
 
@@ -178,11 +179,13 @@ def test_a_channel_that_went_idle_is_swept_again_when_work_comes_back(start_brok
     c = Client(b, "sweep").sub("t", "c", rdy=1, timeout_ms=1000)
     b.publish("t", [b"done"])
     c.wait_messages(1)
+    # (in flight: the channel is swept)
+    assert list(b.supervisor.ask("scanner:0", Swept(), timeout=5)) == ["t/c"]
     c.fin_all()
     wait_for(lambda: _channel_stats(b, "t", "c")["in_flight_count"] == 0, what="the FIN")
-    # (sweeps every 20 ms: the next one finds it idle; then no Scan reaches it, and
-    # its count of messages handled stops moving)
-    _settled_handled(b, "channel:t/c")
+    # (the next sweep finds it idle: it leaves the scanner's list)
+    wait_for(lambda: not b.supervisor.ask("scanner:0", Swept(), timeout=5),
+             what="the idle channel to leave the sweep")
     # When a new message is left unfinished
     c.messages.clear()
     b.publish("t", [b"work"])
@@ -191,19 +194,6 @@ def test_a_channel_that_went_idle_is_swept_again_when_work_comes_back(start_brok
     # Then its timeout is still noticed: it comes back
     (again,) = c.wait_messages(1, timeout=10)
     assert decode_message(again).id == decode_message(first).id
-
-
-def _settled_handled(b: Broker, name: str) -> int:
-    """The actor's handled count once it stopped moving for 0.3 s (15 sweep intervals);
-    fails if it never does."""
-    last = -1
-    for _ in range(20):
-        now = {a.name: a.handled for a in b.supervisor.actors()}[name]
-        if now == last:
-            return now
-        last = now
-        time.sleep(0.3)
-    raise AssertionError(f"{name} kept handling messages (an idle channel still swept?)")
 
 
 def test_req_with_a_delay_and_dpub_are_delivered_when_due(start_broker):

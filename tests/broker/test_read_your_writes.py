@@ -4,7 +4,6 @@ command on every protocol, as with nsqd: each pair with no sleep between them.""
 from __future__ import annotations
 
 import http.client
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,8 +12,8 @@ import zmq
 
 from actors.broker import Broker
 from tests.broker.conftest import broker_options
-from transport.nsq.client_codec import ClientConnection, Response
-from transport.nsq.codec import CLOSED, NEED_DATA
+from tests.broker.test_nsq_tcp_broker import Conn
+from transport.nsq.client_codec import Response
 from transport.protocol import commands as pc
 from transport.zmq.codec import Messages, Ok, encode_request, parse_reply
 from transport.zmq.frames import recv_frames
@@ -27,28 +26,6 @@ def broker(tmp_path_factory) -> Iterator[Broker]:
     b = Broker(broker_options(tmp_path_factory.mktemp("ryw") / "data", workers=2)).start()
     yield b
     b.stop()
-
-
-class Tcp:
-    def __init__(self, broker: Broker) -> None:
-        host, port = broker.tcp_address.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=10)
-        self.codec = ClientConnection()
-
-    def send(self, command: pc.Command) -> None:
-        self.sock.sendall(self.codec.send(command))
-
-    def next(self) -> Any:
-        while True:
-            event = self.codec.next_event()
-            if event is NEED_DATA:
-                self.codec.receive_data(self.sock.recv(65536))
-            elif not isinstance(event, pc.Heartbeat):
-                assert event is not CLOSED
-                return event
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 class Zmq:
@@ -84,15 +61,15 @@ def _http(broker: Broker, method: str, path: str, body: bytes = b"") -> int:
 @pytest.mark.parametrize("n", range(5))
 def test_a_message_published_after_sub_ok_reaches_the_new_channel_over_nsq_tcp(broker, n):
     topic = f"ryw_tcp_{n}"
-    sub, pub = Tcp(broker), Tcp(broker)
+    sub, pub = Conn(broker), Conn(broker)
     try:
         sub.send(pc.Sub(topic, "fresh"))
-        assert sub.next() == Response(b"OK")
+        assert sub.frames(1)[0] == Response(b"OK")
         # no sleep: the channel exists now
         pub.send(pc.Pub(topic, b"right after"))
-        assert pub.next() == Response(b"OK")
+        assert pub.frames(1)[0] == Response(b"OK")
         sub.send(pc.Rdy(1))
-        message = sub.next()
+        message = sub.frames(1)[0]
         assert isinstance(message, pc.Message)
         assert message.body == b"right after"
     finally:
@@ -119,10 +96,10 @@ def test_a_message_published_after_sub_ok_reaches_the_new_channel_over_zeromq(br
 
 
 def test_pause_right_after_sub_finds_the_topic_and_the_channel(broker):
-    sub = Tcp(broker)
+    sub = Conn(broker)
     try:
         sub.send(pc.Sub("ryw_pause", "c"))
-        assert sub.next() == Response(b"OK")
+        assert sub.frames(1)[0] == Response(b"OK")
         assert _http(broker, "POST", "/topic/pause?topic=ryw_pause") == 200
         assert _http(broker, "POST", "/channel/pause?topic=ryw_pause&channel=c") == 200
     finally:

@@ -17,6 +17,7 @@ import pytest
 from actors.runtime import Actor, RuntimeOptions, message, no_spawn
 from actors.runtime.dispatcher import Dispatcher, Waiter
 from actors.runtime.node import Node, NodeSpec
+from tests.runtime.conftest import wait_until
 from tests.runtime.helpers import Seq
 
 
@@ -322,9 +323,7 @@ def test_tell_later_is_a_timer_on_the_dispatcher_not_a_thread(node: Node) -> Non
     # Given 1,000 actors each setting an alarm, the later ones sooner
     for i in range(1_000):
         node.endpoint.tell(f"alarm:{i}", Seq(300 - i % 300))
-    deadline = time.monotonic() + 10
-    while len(Alarm.rang) < 1_000 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: len(Alarm.rang) >= 1_000, 10, "1,000 alarms")
     # Then every alarm went off, none before its time, and no thread was started for them
     assert len(Alarm.rang) == 1_000
     assert all(waited >= n / 1000 for n, waited in Alarm.rang)
@@ -357,10 +356,7 @@ def test_stop_if_idle_goes_only_when_nothing_is_queued(run_dir: str) -> None:
     try:
         # An idle actor that asks to go is gone (its name starts afresh)
         assert node.endpoint.ask("linger:a", Seq(1), timeout=10) == 1
-        wait = time.monotonic() + 10
-        while "linger:a" in node._slots and time.monotonic() < wait:
-            time.sleep(0.01)
-        assert "linger:a" not in node._slots
+        wait_until(lambda: "linger:a" not in node._slots, 10, "the idle actor to go")
         assert node.endpoint.ask("linger:a", Seq(2), timeout=10) == 1  # a fresh instance
         # One with messages queued behind stays, and the same instance handles them all
         Echo.gate.clear()
