@@ -254,6 +254,8 @@ class DiskQueue:
         """Rebuild the queue from its files: metadata for the read side, scans for the rest."""
         meta = read_json(self._meta_path) or {}
         chunks = self._existing_chunks(meta)
+        #: Whether opening found an earlier life's files (False: a new queue).
+        self.recovered = bool(meta or chunks)
         cursor = meta.get("cursor") if meta.get("version") == META_VERSION else None
         if cursor is None:
             cursor, index = make_position(chunks[0] if chunks else 1, HEADER_SIZE), 0
@@ -941,39 +943,52 @@ class DiskQueue:
                     os.unlink(os.path.join(self.data_path, entry))
         fsync_dir(self.data_path)
 
-    def close(self) -> None:
+    def close(self, *, sync: bool = True) -> None:
         """Sync and release everything; further use raises `QueueClosedError`.
 
         The metadata then records the depth a reopen will find, with the size
         of the last chunk and of the ack journal, for `closed_depth`.
+
+        ``sync=False`` only lets go of the files and memory: no fsync and no
+        close record, so what was written stays as durable as it was (in the
+        OS, as after any `put`) and a reopen recovers by scanning, as after a
+        crash.  For a queue opened only to learn its depth, such as each of
+        30,000 queues recovered at a boot after ``kill -9``: their four
+        fsyncs each, queued in the file system's journal, took 29 s.
         """
         with self._rlock, self._wlock:
             w = self._writer
             if w is None:
                 return
-            depth = self.depth() + self.pending()  # un-acked messages are read again
-            w.close(truncate=True)  # the data and the file's size on disk (fsync)
-            acks = 0
-            if self._journal_fd >= 0:
-                os.fsync(self._journal_fd)
-                acks = os.fstat(self._journal_fd).st_size
-            with self._metalock:
-                state = self._floor()
-                self._put_meta(state, {"depth": depth, "chunk": w.number, "end": w.end,
-                                       "acks": acks})
-                self._meta_state = state
-            self._unsynced = 0
-            self._c["syncs"] += 1
-            self._writer = None
-            self._closed = True
-            if self._view is not None and not self._view.cached:
-                self._view.close()
-            self._view = None
-            self._cache.close()
-            if self._journal_fd >= 0:
-                os.close(self._journal_fd)
-                self._journal_fd = -1
+            if sync:
+                depth = self.depth() + self.pending()  # un-acked messages are read again
+                w.close(truncate=True)  # the data and the file's size on disk (fsync)
+                acks = 0
+                if self._journal_fd >= 0:
+                    os.fsync(self._journal_fd)
+                    acks = os.fstat(self._journal_fd).st_size
+                with self._metalock:
+                    state = self._floor()
+                    self._put_meta(state, {"depth": depth, "chunk": w.number, "end": w.end,
+                                           "acks": acks})
+                    self._meta_state = state
+                self._unsynced = 0
+                self._c["syncs"] += 1
+            else:
+                w.close()
+            self._release_locked()
         self._wake()
+
+    def _release_locked(self) -> None:
+        self._writer = None
+        self._closed = True
+        if self._view is not None and not self._view.cached:
+            self._view.close()
+        self._view = None
+        self._cache.close()
+        if self._journal_fd >= 0:
+            os.close(self._journal_fd)
+            self._journal_fd = -1
 
     @staticmethod
     def closed_depth(name: str, data_path: str | os.PathLike[str]) -> int | None:

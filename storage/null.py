@@ -81,7 +81,7 @@ class NullQueue:
     def empty(self) -> None:
         self._check_open()
 
-    def close(self) -> None:
+    def close(self, *, sync: bool = True) -> None:
         self._closed.set()
 
     def delete(self) -> None:

@@ -5,8 +5,18 @@ from __future__ import annotations
 import os
 
 import pytest
+from pykka._envelope import Envelope
 
-from actors.broker.diskqueue import DiskQueueActor, DqDefer, DqOpen, DqPut, DqUndefer
+from actors.broker.diskqueue import (
+    DiskQueueActor,
+    DqDefer,
+    DqIdle,
+    DqOpen,
+    DqPut,
+    DqStats,
+    DqUndefer,
+)
+from actors.broker.messages import Stored
 from actors.broker.options import BrokerOptions
 from storage import DiskQueue
 
@@ -70,3 +80,58 @@ def test_an_ephemeral_channel_has_no_files(tmp_path):
     a.on_receive(DqPut([MESSAGE]))
     a.on_stop()
     assert os.listdir(tmp_path) == []
+
+
+def _idle_closing_actor(tmp_path, monkeypatch) -> DiskQueueActor:
+    a = DiskQueueActor("diskqueue:t/c", BrokerOptions(data_path=str(tmp_path)))
+    monkeypatch.setattr(a, "tell_later", lambda *_args: None)  # no node: no timers
+    monkeypatch.setattr(a, "blocking", lambda f, *args: f(*args))  # nor an I/O pool
+    return a
+
+
+def test_a_queue_recovered_only_to_answer_its_owner_lets_go_without_an_fsync(
+        tmp_path, monkeypatch):
+    # Given a channel's queue written and never closed (its broker killed -9)
+    q = DiskQueue("t:c", tmp_path, ack_mode=True)
+    q.put_many([MESSAGE] * 3)
+    # When a new life of its actor is asked by its restarted owner
+    syncs: list[int] = []
+    a = _idle_closing_actor(tmp_path, monkeypatch)
+    with monkeypatch.context() as m:
+        for name in ("fsync", "fdatasync"):
+            m.setattr(os, name, syncs.append)
+        answer = a.on_receive(DqOpen(rewind=True))
+    # Then it answers from a scan of the files and lets go of them at once, with no
+    # fsync and so no record of a clean close: the next life scans them again
+    assert answer == (3, [])
+    assert a.queue is None
+    assert syncs == []
+    assert DiskQueue.closed_depth("t:c", tmp_path) is None
+    assert _idle_closing_actor(tmp_path, monkeypatch).on_receive(DqOpen()) == (3, [])
+
+
+def test_a_new_queue_asked_by_its_owner_is_closed_with_the_record_of_a_clean_close(
+        tmp_path, monkeypatch):
+    a = _idle_closing_actor(tmp_path, monkeypatch)
+    assert a.on_receive(DqOpen()) == (0, [])
+    assert a.queue is None
+    assert DiskQueue.closed_depth("t:c", tmp_path) == 0
+
+
+@pytest.mark.parametrize("behind", [DqOpen(), DqIdle(), DqStats()],
+                         ids=lambda m: type(m).__name__)
+def test_a_durable_write_is_confirmed_when_a_message_answered_early_is_queued_behind_it(
+        tmp_path, behind):
+    # Given a disk queue doing group commit (--sync-every=1)
+    a = DiskQueueActor("diskqueue:t", BrokerOptions(data_path=str(tmp_path), sync_every=1,
+                                                    mem_queue_size=0, queue_idle_close=0))
+    told: list[tuple[str, object]] = []
+    a.tell = lambda name, msg: told.append((name, msg))  # type: ignore[method-assign]
+    # When a publish's write arrives with another message already queued behind it
+    a.actor_inbox.put(Envelope(behind))
+    a.on_receive(DqPut([MESSAGE], (("topic:t", 1),)))
+    assert told == []  # the fsync waits for what is queued behind
+    a.on_receive(a.actor_inbox.get().message)
+    # Then handling that message, and nothing after it, confirms the write
+    assert ("topic:t", Stored(1)) in told
+    a.on_stop()

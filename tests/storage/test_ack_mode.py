@@ -178,3 +178,29 @@ def test_a_queue_used_since_its_close_or_never_closed_tells_nothing(open_queue, 
     meta = tmp_path / "q.diskqueue.meta.dat"
     meta.write_text(meta.read_text().replace('"depth": 2', '"depth": "two"'))
     assert closed_depth("q", tmp_path) is None
+
+
+def test_a_close_without_sync_lets_go_of_the_files_without_an_fsync_or_a_close_record(
+        open_queue, tmp_path, monkeypatch):
+    # Given a queue never closed cleanly (written, then its process killed)
+    q = open_queue(ack_mode=True, max_bytes_per_file=300)
+    q.put_many([b"m%03d" % i for i in range(40)])
+    pos, _ = q.read()
+    q.ack(pos)
+    # When it is reopened, to learn its depth, and closed without a sync
+    q = open_queue(ack_mode=True, max_bytes_per_file=300)
+    depth = q.depth()
+    syncs: list[int] = []
+    for name in ("fsync", "fdatasync"):
+        monkeypatch.setattr(dq_mod.os, name, syncs.append, raising=True)
+    q.close(sync=False)
+    monkeypatch.undo()
+    # Then nothing was synced, no clean close is recorded, and a reopen finds it all
+    assert syncs == []
+    assert dq_mod.DiskQueue.closed_depth("q", tmp_path) is None
+    with pytest.raises(StorageError):
+        q.put(b"late")
+    q = open_queue(ack_mode=True, max_bytes_per_file=300)
+    assert depth == q.depth() == 39
+    assert [m for _, m in q.read_many(100)] == [b"m%03d" % i for i in range(1, 40)]
+    q.close()
