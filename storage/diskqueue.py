@@ -254,8 +254,6 @@ class DiskQueue:
         """Rebuild the queue from its files: metadata for the read side, scans for the rest."""
         meta = read_json(self._meta_path) or {}
         chunks = self._existing_chunks(meta)
-        #: Whether opening found an earlier life's files (False: a new queue).
-        self.recovered = bool(meta or chunks)
         cursor = meta.get("cursor") if meta.get("version") == META_VERSION else None
         if cursor is None:
             cursor, index = make_position(chunks[0] if chunks else 1, HEADER_SIZE), 0
@@ -998,15 +996,21 @@ class DiskQueue:
         not changed since: the last chunk and the ack journal have the sizes
         `close` recorded and no later chunk exists (a put grows the last
         chunk or starts a new one, an ack grows the journal, and any metadata
-        write drops the record).  None otherwise -- never closed cleanly
-        (``kill -9``, power loss), or in use since: open the queue to know.
-        A broker restarting with 10,000 idle topics answers their owners
-        this way instead of opening 30,000 queues.
+        write drops the record); 0 when the queue has no files at all (never
+        created: an open would create it).  None otherwise -- never closed
+        cleanly (``kill -9``, power loss), or in use since: open the queue to
+        know.  A broker restarting with 10,000 idle topics answers their
+        owners this way instead of opening (or creating) 30,000 queues.
         """
         prefix = os.path.join(os.fspath(data_path), f"{name}.diskqueue.")
         try:
-            with open(prefix + "meta.dat", "rb") as f:
-                closed = json.loads(f.read()).get("closed")
+            try:
+                with open(prefix + "meta.dat", "rb") as f:
+                    closed = json.loads(f.read()).get("closed")
+            except FileNotFoundError:
+                # No files at all (the test `_existing_chunks` makes): a queue never
+                # created, such as a topic's while its channels take every message.
+                return None if os.path.exists(f"{prefix}{1:06d}.dat") else 0
             depth, chunk, end, acks = (closed["depth"], closed["chunk"], closed["end"],
                                        closed["acks"])
             if not all(type(x) is int and x >= 0 for x in (depth, chunk, end, acks)):

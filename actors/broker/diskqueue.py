@@ -302,11 +302,11 @@ class DiskQueueActor(Actor):
                 # Owners ask this when they start, all at once at a broker's boot: a queue
                 # that is not in use lets go of its files at once rather than when idle, so
                 # 10,000 topics booting do not hold 130,000 files open together.  One
-                # that was recovered (not closed cleanly) for this question alone has
+                # opened (recovered: not closed cleanly) for this question alone has
                 # written nothing since: it closes inline without an fsync, and so
                 # without the clean-close record, to be scanned again at its next open
                 # (0.3 ms; its four fsyncs took 1-4 ms, 29 s for 30,000 queues).
-                self._release(sync=not (opened and isinstance(q, DiskQueue) and q.recovered))
+                self._release(sync=not opened)
                 return answer
             case DqEmpty():
                 q.empty()

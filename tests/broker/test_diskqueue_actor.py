@@ -110,14 +110,6 @@ def test_a_queue_recovered_only_to_answer_its_owner_lets_go_without_an_fsync(
     assert _idle_closing_actor(tmp_path, monkeypatch).on_receive(DqOpen()) == (3, [])
 
 
-def test_a_new_queue_asked_by_its_owner_is_closed_with_the_record_of_a_clean_close(
-        tmp_path, monkeypatch):
-    a = _idle_closing_actor(tmp_path, monkeypatch)
-    assert a.on_receive(DqOpen()) == (0, [])
-    assert a.queue is None
-    assert DiskQueue.closed_depth("t:c", tmp_path) == 0
-
-
 @pytest.mark.parametrize("behind", [DqOpen(), DqIdle(), DqStats()],
                          ids=lambda m: type(m).__name__)
 def test_a_durable_write_is_confirmed_when_a_message_answered_early_is_queued_behind_it(
@@ -135,3 +127,11 @@ def test_a_durable_write_is_confirmed_when_a_message_answered_early_is_queued_be
     # Then handling that message, and nothing after it, confirms the write
     assert ("topic:t", Stored(1)) in told
     a.on_stop()
+
+
+def test_a_queue_never_created_answers_its_owner_without_creating_a_file(tmp_path):
+    # A topic whose channels took every message has no queue files; each boot asks
+    a = _actor(tmp_path, "diskqueue:t")
+    assert a.on_receive(DqOpen()) == (0, [])
+    assert a.queue is None
+    assert os.listdir(tmp_path) == []

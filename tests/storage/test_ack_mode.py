@@ -153,8 +153,9 @@ def test_a_cleanly_closed_queue_tells_the_depth_a_reopen_will_find_without_openi
 
 def test_a_queue_used_since_its_close_or_never_closed_tells_nothing(open_queue, tmp_path):
     closed_depth = dq_mod.DiskQueue.closed_depth
-    # Never opened, and open but never closed: unknown
-    assert closed_depth("q", tmp_path) is None
+    # Never created: empty, and nothing to open; open but never closed: unknown
+    assert closed_depth("q", tmp_path) == 0
+    assert list(tmp_path.iterdir()) == []
     q = open_queue(ack_mode=True)
     q.put_many([b"a", b"b"])
     assert closed_depth("q", tmp_path) is None
