@@ -26,11 +26,14 @@ whose ``set``/``set_exception`` encode a reply envelope and send it from the
 answering actor's thread to the asker's node.
 
 Asking across processes: the ASK names this endpoint's node and a request
-id; the reply comes back on the node's own PULL socket, and the reader
-completes the :class:`~actors.runtime.future.Future` waiting under that id.
-An actor that asks parks (its dispatcher thread runs the others); any other
-thread blocks.  A reply that comes after its ask timed out finds no entry
-and is dropped; a dead or restarting target yields
+id; the reply comes back on the node's reply socket (``<node>~r``, one per
+node).  An actor that asks parks (its dispatcher thread runs the others) and
+the reader completes its :class:`~actors.runtime.future.Future`; any other
+thread blocks, and reads the reply socket itself when nobody else does, so
+ZeroMQ wakes it directly rather than the reader waking it (one thread hop
+and one GIL handover less per ask; :class:`Replies`).  A reply that comes
+after its ask timed out finds no entry and is dropped; a dead or restarting
+target yields
 :class:`~actors.runtime.errors.AskTimeout`, never a hang.  A request queued
 while the target node was down is still delivered when it rebinds.  Asks
 between actors of the same process use the same future, without ZeroMQ.
@@ -44,6 +47,7 @@ the inbox itself.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -57,7 +61,7 @@ import zmq
 from pykka import Timeout
 from pykka._envelope import Envelope as PykkaEnvelope
 
-from actors.runtime.dispatcher import Dispatcher
+from actors.runtime.dispatcher import Dispatcher, in_actor
 from actors.runtime.errors import (
     ActorsError,
     AskTimeout,
@@ -128,6 +132,227 @@ class RemoteReply:
         self._endpoint.reply_error(self._node, self._request_id, exc)
 
 
+_MAILBOX, _PLAIN = "mailbox", "plain"
+
+
+class _Wait:
+    """One plain thread's ask waiting in :class:`Replies`."""
+
+    __slots__ = ("event", "reply")
+
+    def __init__(self) -> None:
+        self.reply: tuple[int, Sequence[Any]] | None = None
+        self.event: threading.Event | None = None  # made when the thread first follows
+
+
+class Replies:
+    """A node's reply socket and the asks waiting for it, read by whoever waits.
+
+    Exactly one reader at a time (``owner``) may touch the socket:
+
+    * the node's **reader** thread (``mailbox``), for actors: an actor that
+      asks parks, so its reply must be read by a thread that does not wait
+      for it.  The reader polls the socket beside its inbox while it owns it;
+    * a **plain thread** that asks (``plain``): it blocks anyway, so it reads
+      the replies itself (the leader/follower pattern).  The first asking
+      thread that finds the socket without a reader leads: it polls until its
+      own reply is in, completing the other asks (followers, blocked on an
+      event each; actors, through their futures) as their replies come; then
+      it steps down and wakes one follower still waiting, which leads next.
+      With one plain thread asking at a time -- HTTP ``/pub``, the
+      supervisor, a CLI -- ZeroMQ wakes the asker directly: no reader thread,
+      event or GIL handover in between;
+    * nobody (``None``), when no ask waits.
+
+    Handovers: a plain thread that finds the reader owning the socket asks it
+    to let go (it follows meanwhile; the reader may still answer it); an actor
+    that asks while nobody reads gives the socket to the reader.  Either rings
+    the reader's doorbell (an eventfd in its poller, one per node), so the
+    reader, blocked in its poll, adds or drops the socket.  A ZeroMQ socket may
+    be used by one thread after another across a lock handover; only the owner
+    touches this one.  A plain leader polls in slices of ``_POLL_MS`` so that
+    :meth:`close` is noticed.
+    """
+
+    def __init__(self, sock: zmq.Socket[bytes]) -> None:
+        self.sock = sock
+        self.doorbell = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._reader_poll = zmq.Poller()  # the reader's (mailbox) zero-timeout checks
+        self._reader_poll.register(sock, zmq.POLLIN)
+        self._leader_poll = zmq.Poller()  # a plain leader's
+        self._leader_poll.register(sock, zmq.POLLIN)
+        self._mutex = threading.Lock()
+        self.owner: str | None = None
+        self._handover = False  # a plain thread asked the reader to let go
+        self._closed = False
+        self._futures: dict[int, Future] = {}  # actors' asks
+        self._waits: dict[int, _Wait] = {}  # plain threads' asks
+        self._followers: dict[_Wait, None] = {}  # blocked on their event, in arrival order
+
+    # -- registering asks (before they are sent: a reply may come before the wait) --------
+
+    def expect_future(self, request_id: int, future: Future) -> None:
+        """An actor's ask: its future is completed by whoever reads the reply."""
+        with self._mutex:
+            self._futures[request_id] = future
+            if self.owner is None:
+                self.owner = _MAILBOX
+                self._ring()
+
+    def expect(self, request_id: int) -> None:
+        """A plain thread's ask: it waits with :meth:`wait`."""
+        with self._mutex:
+            self._waits[request_id] = _Wait()
+
+    def done(self, request_id: int) -> None:
+        """Forget an ask (answered, timed out, or never sent): a later reply is dropped."""
+        with self._mutex:
+            self._futures.pop(request_id, None)
+            self._waits.pop(request_id, None)
+
+    # -- a plain thread waits ------------------------------------------------------------
+
+    def wait(self, request_id: int, timeout: float) -> tuple[int, Sequence[Any]] | None:
+        """The reply ``(kind, payload)`` to an expected ask, or None after ``timeout``."""
+        wait = self._waits[request_id]
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._mutex:
+                remaining = deadline - time.monotonic()
+                if wait.reply is not None or self._closed or remaining <= 0:
+                    if self.owner is None:  # leaving: the next one's turn may have come
+                        self._pass_on()
+                    leave = True
+                else:
+                    leave = False
+                    lead = self.owner is None
+                    if lead:
+                        self.owner = _PLAIN
+                    else:
+                        if self.owner == _MAILBOX and not self._handover:
+                            self._handover = True
+                            self._ring()
+                        event = wait.event
+                        if event is None:
+                            event = wait.event = threading.Event()
+                        else:
+                            event.clear()
+                        self._followers[wait] = None
+            if leave:
+                if wait.reply is not None:
+                    return wait.reply
+                if self._closed:
+                    msg = "endpoint closed while asking"
+                    raise RuntimeNotRunning(msg)
+                return None
+            if lead:
+                try:
+                    self._lead(wait, deadline)
+                finally:
+                    self._step_down()
+            else:
+                event.wait(remaining)
+                with self._mutex:
+                    self._followers.pop(wait, None)
+
+    def _lead(self, wait: _Wait, deadline: float) -> None:
+        """Read replies until ``wait``'s is in, the deadline passes or the socket closes."""
+        sock = self.sock
+        poll = self._leader_poll.poll
+        while wait.reply is None and not self._closed:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            if poll(min(_POLL_MS, int(remaining * 1000) + 1)):
+                self._complete(sock.recv())
+
+    def _step_down(self) -> None:
+        with self._mutex:
+            self.owner = None
+            self._pass_on()
+
+    def _pass_on(self, *, ring: bool = True) -> None:
+        """Nobody reads (mutex held): wake a follower to lead, else give the socket to the
+        reader if actors wait (ringing its doorbell unless ``ring`` is False)."""
+        for wait in self._followers:
+            if wait.reply is None:
+                assert wait.event is not None
+                wait.event.set()
+                return
+        if self._futures and not self._closed:
+            self.owner = _MAILBOX
+            if ring:
+                self._ring()
+
+    # -- the reader (mailbox thread) -------------------------------------------------------
+
+    def answer_doorbell(self) -> None:
+        """The doorbell rang: let go of the socket if a plain thread asked for it."""
+        with contextlib.suppress(OSError):  # drained already (or closed at shutdown)
+            os.eventfd_read(self.doorbell)
+        with self._mutex:
+            if not self._handover:
+                return
+            self._handover = False
+            if self.owner == _MAILBOX:
+                self.owner = None
+                self._pass_on(ring=False)  # (the reader is this thread)
+
+    def read_available(self) -> None:
+        """Complete the asks whose replies have arrived, if the reader owns the socket."""
+        if self.owner != _MAILBOX:
+            return
+        sock = self.sock
+        poll = self._reader_poll.poll
+        while poll(0):
+            self._complete(sock.recv())
+
+    # -- both ------------------------------------------------------------------------------
+
+    def _complete(self, data: bytes) -> None:
+        try:
+            reply = registry.decode(data)
+        except CodecError as e:
+            logger.error("dropped an undecodable reply: %s", e)
+            return
+        value = (reply.kind, reply.messages)
+        with self._mutex:
+            future = self._futures.pop(reply.request_id, None)
+            wait = None if future is not None else self._waits.get(reply.request_id)
+            if wait is not None:
+                wait.reply = value
+                if wait.event is not None:
+                    wait.event.set()
+        if future is not None:
+            future.set(value)
+        elif wait is None:
+            logger.debug("dropped a reply that came after its ask timed out")
+
+    def _ring(self) -> None:
+        """Wake the reader (mutex held: the doorbell is closed under it)."""
+        if self.doorbell >= 0:
+            os.eventfd_write(self.doorbell, 1)
+
+    def close(self, address: str, timeout: float = 2 * _POLL_MS / 1000) -> None:
+        """Fail the plain threads' waits (RuntimeNotRunning); close the socket once unread.
+
+        Call after the reader thread has stopped."""
+        with self._mutex:
+            self._closed = True
+            for wait in self._followers:
+                assert wait.event is not None
+                wait.event.set()
+            os.close(self.doorbell)
+            self.doorbell = -1
+        deadline = time.monotonic() + timeout
+        while self.owner == _PLAIN and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if self.owner == _PLAIN:
+            logger.warning("a thread still reads the reply socket %s; left open", address)
+            return
+        close_and_unlink(self.sock, address)
+
+
 def _result(kind: int, payload: Sequence[Any]) -> Any:
     """Turn a reply envelope's payload into the value, or raise the remote error."""
     if kind == REPLY_OK:
@@ -160,9 +385,9 @@ class Endpoint:
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._inbox = bind_inbox(self._ctx, ipc_address(self.run_dir, node), options.hwm)
         self._reply_node = node + REPLY_SUFFIX
-        self._reply_inbox = bind_inbox(self._ctx, ipc_address(self.run_dir, self._reply_node), 0)
+        self._replies = Replies(
+            bind_inbox(self._ctx, ipc_address(self.run_dir, self._reply_node), 0))
         self.outbox = Outbox(self._ctx, self.address_of, options.hwm, options.send_timeout)
-        self._pending: dict[int, Future] = {}
         self._ids = itertools.count(1)
         self._coalesce_max = min(_COALESCE_MAX, options.mailbox_size)
         self._stopping = threading.Event()  # set: the dispatcher stops reading (intake closed)
@@ -220,9 +445,12 @@ class Endpoint:
         if timeout is None:
             timeout = self.options.ask_timeout
         deadline = time.monotonic() + timeout
+        plain = not in_actor()  # a plain thread waits in Replies.wait, an actor parks
+        replies = self._replies
         waits: list[tuple[str, Future | None, int, Any]] = []
         for name, message in requests:
             node = self.placement.node_for(name)
+            request_id = 0
             try:
                 if node == self.node and self.host is not None:
                     future = Future()
@@ -230,28 +458,42 @@ class Endpoint:
                     waits.append((name, future, 0, None))
                     continue
                 request_id = next(self._ids)
-                future = self._pending[request_id] = Future()
+                if plain:
+                    future = None
+                    replies.expect(request_id)
+                else:
+                    future = Future()
+                    replies.expect_future(request_id, future)
                 self._send(node, registry.encode(ASK, name, self.node, (message,),
                                                  reply_to=self._reply_node,
                                                  request_id=request_id))
                 waits.append((name, future, request_id, None))
             except Exception as e:  # the caller gets it in its place
+                if request_id:
+                    replies.done(request_id)
                 waits.append((name, None, 0, e))
         results: list[Any] = []
         for name, future, request_id, error in waits:
-            if future is None:
+            if error is not None:
                 results.append(error)
                 continue
+            remaining = max(0.0, deadline - time.monotonic())
             try:
-                value = future.get(timeout=max(0.0, deadline - time.monotonic()))
-                results.append(_result(*value) if request_id else value)
+                if future is None:  # a plain thread's remote ask
+                    reply = replies.wait(request_id, remaining)
+                    if reply is None:
+                        raise Timeout(remaining)
+                    results.append(_result(*reply))
+                else:
+                    value = future.get(timeout=remaining)
+                    results.append(_result(*value) if request_id else value)
             except Timeout:
                 results.append(AskTimeout(f"no reply from {name} within {timeout}s"))
             except Exception as e:
                 results.append(e)
             finally:
                 if request_id:
-                    self._pending.pop(request_id, None)
+                    replies.done(request_id)
         return results
 
     def ask_node(self, node: str, request: Any, timeout: float | None = None) -> Any:
@@ -278,20 +520,33 @@ class Endpoint:
         return self._ask_remote(node, name, message, timeout)
 
     def _ask_remote(self, node: str, name: str, message: Any, timeout: float) -> Any:
-        """Send an ASK naming this node and a request id; the reader completes the future."""
+        """Send an ASK naming this node and a request id, then wait for the reply.
+
+        An actor parks on a future that the reply socket's reader completes; a
+        plain thread waits in :meth:`Replies.wait` (reading the socket itself
+        when nobody else does)."""
         request_id = next(self._ids)
         data = registry.encode(
             ASK, name, self.node, (message,), reply_to=self._reply_node, request_id=request_id
         )
-        future = self._pending[request_id] = Future()
+        replies = self._replies
         try:
+            if not in_actor():
+                replies.expect(request_id)
+                self._send(node, data)
+                reply = replies.wait(request_id, timeout)
+                if reply is None:
+                    raise Timeout(timeout)
+                return _result(*reply)
+            future = Future()
+            replies.expect_future(request_id, future)
             self._send(node, data)
             return _result(*future.get(timeout=timeout))
         except Timeout:
             msg = f"no reply from {name} on {node} within {timeout}s"
             raise AskTimeout(msg) from None
         finally:
-            self._pending.pop(request_id, None)
+            replies.done(request_id)
 
     def _send(self, node: str, data: bytes) -> None:
         if self._closed:
@@ -336,15 +591,20 @@ class Endpoint:
         of one each.  Order per destination is preserved: pending tells for an
         actor are flushed before an ask to it is delivered.
 
-        Replies arrive on a socket of their own, read between envelopes (every
-        ``_REPLY_CHECK`` envelopes and whenever the inbox is idle) and while the
-        reader waits for room in a full inbox: an actor that waits for a reply
-        while its own inbox fills up is answered all the same.
+        Replies arrive on a socket of their own, which this thread reads while
+        it owns it (:class:`Replies`: while actors wait and no plain thread
+        reads it) between envelopes (every ``_REPLY_CHECK`` envelopes and
+        whenever the inbox is idle) and while the reader waits for room in a
+        full inbox: an actor that waits for a reply while its own inbox fills
+        up is answered all the same.  The doorbell says the owner changed.
         """
         sock = self._inbox
+        replies = self._replies
+        doorbell = replies.doorbell
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
-        poller.register(self._reply_inbox, zmq.POLLIN)
+        poller.register(doorbell, zmq.POLLIN)
+        polls_replies = False
         decode = registry.decode
         stopping = self._stopping
         pending: dict[str, list[Any]] = {}
@@ -355,15 +615,23 @@ class Endpoint:
                 count += 1
                 if count >= _REPLY_CHECK:
                     count = 0
-                    self._read_replies()
+                    replies.read_available()
                 try:
                     data = sock.recv(zmq.NOBLOCK)
                 except zmq.Again:
                     if pending:
                         self._flush(pending)
                         held = 0
-                    self._read_replies()
-                    poller.poll(_POLL_MS)
+                    replies.read_available()
+                    if (replies.owner == _MAILBOX) != polls_replies:
+                        polls_replies = not polls_replies
+                        if polls_replies:
+                            poller.register(replies.sock, zmq.POLLIN)
+                        else:
+                            poller.unregister(replies.sock)
+                    for fd, _ in poller.poll(_POLL_MS):
+                        if fd == doorbell:
+                            replies.answer_doorbell()
                     continue
                 try:
                     envelope = decode(data)
@@ -377,22 +645,6 @@ class Endpoint:
                     logger.exception("%s: failed to dispatch an envelope", self.node)
         finally:
             self.close_thread()
-
-    def _read_replies(self) -> None:
-        """Complete the asks whose replies have arrived (reader thread only)."""
-        sock = self._reply_inbox
-        decode = registry.decode
-        while sock.poll(0):
-            try:
-                reply = decode(sock.recv())
-            except CodecError as e:
-                logger.error("%s: dropped an undecodable reply: %s", self.node, e)
-                continue
-            future = self._pending.pop(reply.request_id, None)
-            if future is None:
-                logger.debug("%s: dropped a reply that came after its ask timed out", self.node)
-            else:
-                future.set((reply.kind, reply.messages))
 
     def _route(self, envelope: Envelope, pending: dict[str, list[Any]], held: int) -> int:
         """Route one decoded envelope; returns the number of told messages still held."""
@@ -466,7 +718,7 @@ class Endpoint:
             try:
                 self.host.deliver(name, envelope, _RETRY_DELIVERY)
             except MailboxFull:
-                self._read_replies()
+                self._replies.read_available()
                 continue
             except (UnknownActor, RuntimeNotRunning) as e:
                 if envelope.reply_to is not None:
@@ -494,7 +746,7 @@ class Endpoint:
         self.close_intake(timeout)
         self._closed = True
         self._inbox.close(linger=0)
-        close_and_unlink(self._reply_inbox, ipc_address(self.run_dir, self._reply_node))
+        self._replies.close(ipc_address(self.run_dir, self._reply_node))
         self.outbox.close()
         terminator = threading.Thread(target=self._ctx.term, name="zmq-term", daemon=True)
         terminator.start()

@@ -219,3 +219,57 @@ def test_an_actor_can_answer_an_ask_later_with_a_deferred_reply(
     rt.tell("defer:x", Release(7))
     asked.join(10)
     assert answers == [7]
+
+
+def test_many_plain_threads_asking_at_once_each_get_their_own_answers(
+    start_runtime: StartRuntime,
+) -> None:
+    # Given a runtime, and threads of the supervisor's process (plain threads: they read
+    # the node's one reply socket in turn) asking beside actors that ask (whose replies
+    # the mailbox thread reads), with asks timing out and answered late among them
+    import random
+    import threading
+
+    from tests.runtime.helpers import Later, Release
+
+    rt = start_runtime()
+    names = [f"rec:{i}" for i in range(6)] + ["client:1"]
+    for name in names:
+        rt.ask(name, Whoami(), timeout=5)
+    errors: list[object] = []
+    timeouts = [0]
+
+    def asker(seed: int) -> None:
+        rnd = random.Random(seed)
+        for _ in range(150):
+            name, other = rnd.sample(names, 2)
+            try:
+                r = rnd.random()
+                if r < 0.05:  # answered only after it gave up: the late reply is dropped
+                    with pytest.raises(AskTimeout):
+                        rt.ask("defer:1", Later(), timeout=0.01)
+                    timeouts[0] += 1
+                elif r < 0.3:  # an actor's ask, answered to its own node (never in a
+                    # cycle: an actor parked on an ask answers no other ask meanwhile)
+                    rec = rnd.choice(names[:-1])
+                    assert rt.ask(rec, Forward("client:1"), timeout=10)[0] == "client:1"
+                elif r < 0.5:
+                    got = rt._require_endpoint().ask_many(
+                        [(n, Whoami()) for n in (name, other)], timeout=10)
+                    assert [g[0] for g in got] == [name, other]
+                else:
+                    assert rt.ask(name, Whoami(), timeout=10)[0] == name
+            except BaseException as e:
+                errors.append(e)
+
+    # When twelve of them ask at once
+    threads = [threading.Thread(target=asker, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    rt.tell("defer:1", Release(0))
+    # Then every answer went to its own asker, and none hung
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
+    assert timeouts[0] > 0
