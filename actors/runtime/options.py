@@ -29,8 +29,9 @@ class RuntimeOptions:
     """Bound of each actor's inbox, in messages (a batch may overshoot it once)."""
     hwm: int = 1_000
     """ZeroMQ SNDHWM/RCVHWM in envelopes, per sending thread and per node inbox."""
-    dispatcher_threads: int = 2
-    """Threads per process that run its actors (however many actors it hosts)."""
+    dispatcher_threads: int = 1
+    """Threads per process that run its actors (however many actors it hosts).  One:
+    under the GIL a second thread adds handovers, not parallelism (BENCHMARKS)."""
     throughput: int = 300
     """Messages an actor handles before its thread moves on to the next ready actor."""
     io_threads: int = 4
