@@ -197,6 +197,10 @@ class DiskQueue:
         self._skip: set[int] = set()
         self._journal_fd = -1
         self._journal_entries = 0
+        # A file was created (a chunk, the ack journal) since the directory was last
+        # fsynced: the next sync fsyncs it too, or a power cut may drop the new entry
+        # -- and a new chunk's acknowledged messages with it -- though its data was synced.
+        self._dir_dirty = False
 
         os.makedirs(self.data_path, exist_ok=True)
         self._recover()
@@ -290,6 +294,7 @@ class DiskQueue:
         if writer is None:
             n = max([*self._counts, r_chunk - 1, 0]) + 1
             writer = ChunkWriter(self._chunk_path(n), n, self._max_bytes, create=True)
+            self._dir_dirty = True
         self._writer: ChunkWriter | None = writer
         self._wchunk = writer.number
 
@@ -379,6 +384,7 @@ class DiskQueue:
             if good != len(raw):
                 os.truncate(self._acks_path, good)
         self._skip = skip
+        self._dir_dirty |= not os.path.exists(self._acks_path)
         self._journal_fd = os.open(self._acks_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self._journal_entries = len(skip)
 
@@ -479,6 +485,7 @@ class DiskQueue:
         # Create the next chunk first: if the disk is full, nothing has changed.
         nxt = ChunkWriter(self._chunk_path(w.number + 1), w.number + 1, self._max_bytes,
                           create=True)
+        self._dir_dirty = True
         self._chunk_writes[w.number] = w.count
         w.seal()
         self._counts[w.number] = w.count
@@ -885,6 +892,9 @@ class DiskQueue:
             self._write_meta(force=force_meta)
             if self._journal_fd >= 0:
                 os.fsync(self._journal_fd)
+            if self._dir_dirty:
+                self._dir_dirty = False
+                fsync_dir(self.data_path)
         self._unsynced = 0
         self._c["syncs"] += 1
 
@@ -916,6 +926,7 @@ class DiskQueue:
             self._acked_early.clear()
             self._skip.clear()
             self._writer = ChunkWriter(self._chunk_path(nxt), nxt, self._max_bytes, create=True)
+            self._dir_dirty = True
             self._wchunk = self._oldest = self._rchunk = self._cchunk = nxt
             self._roff, self._rskip, self._rdecoded, self._cidx = HEADER_SIZE, 0, 0, 0
             self._cursor = make_position(nxt, HEADER_SIZE)

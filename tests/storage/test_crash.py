@@ -90,3 +90,37 @@ def test_every_acknowledged_message_survives_kill_9_of_the_writer_in_order(tmp_p
                 assert m is not None
                 consumed.append(_payload_ok(m))
     assert consumed == sorted(consumed)
+
+
+@pytest.mark.parametrize("ack_mode", [False, True])
+def test_a_sync_makes_a_new_chunk_s_directory_entry_durable_too(open_queue, tmp_path,
+                                                                monkeypatch, ack_mode):
+    """A power cut keeps a synced file's data but may drop a directory entry that was
+    never fsynced: a chunk started by rotation must be in a synced directory before
+    `sync` returns, or its acknowledged messages could vanish with the entry."""
+    from storage import diskqueue as dq_mod
+
+    seen: list[set[str]] = []  # the directory's files at each directory fsync
+    real = dq_mod.fsync_dir
+
+    def spy(path: str) -> None:
+        seen.append(set(os.listdir(path)))
+        real(path)
+
+    monkeypatch.setattr(dq_mod, "fsync_dir", spy)
+    # Given a queue that rotates into its second chunk
+    q = open_queue(ack_mode=ack_mode, max_bytes_per_file=300)
+    q.sync()
+    seen.clear()
+    for i in range(30):
+        q.put(b"m%04d" % i)
+    second = "q.diskqueue.000002.dat"
+    assert second in os.listdir(tmp_path)
+    # When it syncs (the group commit before an acknowledgement)
+    q.sync()
+    # Then the directory was fsynced with the new chunk in it
+    assert any(second in files for files in seen)
+    # And a sync with no new file since does not fsync the directory again
+    seen.clear()
+    q.sync()
+    assert seen == []
