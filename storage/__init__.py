@@ -6,11 +6,18 @@ way Go programs embed go-diskqueue.
 
 from storage.delayed import DelayedStore
 from storage.diskqueue import DiskQueue
-from storage.errors import DiskFullError, MessageSizeError, QueueClosedError, StorageError
+from storage.errors import (
+    DiskFailedError,
+    DiskFullError,
+    MessageSizeError,
+    QueueClosedError,
+    StorageError,
+)
 from storage.null import NullQueue
 
 __all__ = [
     "DelayedStore",
+    "DiskFailedError",
     "DiskFullError",
     "DiskQueue",
     "MessageSizeError",

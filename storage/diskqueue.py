@@ -74,7 +74,7 @@ from storage.chunk import (
     split_batch,
     split_position,
 )
-from storage.errors import MessageSizeError, QueueClosedError, StorageError
+from storage.errors import DiskFailedError, MessageSizeError, QueueClosedError, StorageError
 from storage.meta import fsync_dir, read_json, write_atomic, write_json
 from storage.syncer import SYNCER, Syncer
 
@@ -201,6 +201,8 @@ class DiskQueue:
         # fsynced: the next sync fsyncs it too, or a power cut may drop the new entry
         # -- and a new chunk's acknowledged messages with it -- though its data was synced.
         self._dir_dirty = False
+        #: Why the queue takes no more writes (an fsync failed), or None.
+        self.failed: str | None = None
 
         os.makedirs(self.data_path, exist_ok=True)
         self._recover()
@@ -399,6 +401,8 @@ class DiskQueue:
             w = self._writer
             if w is None:
                 raise QueueClosedError(f"queue {self.name} is closed")
+            if self.failed:
+                raise DiskFailedError(self._failure())
             off = w.end
             end = off + n + RECORD_OVERHEAD
             if end > w.allocated:
@@ -453,6 +457,8 @@ class DiskQueue:
         with self._wlock:
             if self._writer is None:
                 raise QueueClosedError(f"queue {self.name} is closed")
+            if self.failed:
+                raise DiskFailedError(self._failure())
             for group in frames:
                 self._put_frame(group)
             self._bytes_written += total
@@ -887,16 +893,34 @@ class DiskQueue:
 
     def _sync_locked(self, *, force_meta: bool = False) -> None:
         assert self._writer is not None
-        self._writer.flush()
+        if self.failed:
+            raise DiskFailedError(self._failure())
+        try:
+            self._writer.flush()
+        except OSError as e:
+            raise self._fail("fdatasync of the write chunk", e) from e
         with self._metalock:
             self._write_meta(force=force_meta)
-            if self._journal_fd >= 0:
-                os.fsync(self._journal_fd)
-            if self._dir_dirty:
-                self._dir_dirty = False
-                fsync_dir(self.data_path)
+            try:
+                if self._journal_fd >= 0:
+                    os.fsync(self._journal_fd)
+                if self._dir_dirty:
+                    fsync_dir(self.data_path)
+                    self._dir_dirty = False
+            except OSError as e:
+                raise self._fail("fsync of the ack journal or the directory", e) from e
         self._unsynced = 0
         self._c["syncs"] += 1
+
+    def _fail(self, what: str, error: OSError) -> DiskFailedError:
+        """An fsync failed: take no more writes, ever, in this life (see DiskFailedError)."""
+        self.failed = f"{what} failed: {error}"
+        log.error("queue %s: %s; it takes no more writes (nothing written since its last "
+                  "good sync is acknowledged) until it is opened again", self.name, self.failed)
+        return DiskFailedError(self._failure())
+
+    def _failure(self) -> str:
+        return f"queue {self.name}: {self.failed}"
 
     def _timed_sync(self) -> None:
         """Called by the background syncer `sync_timeout` after the first unsynced change."""
@@ -905,7 +929,7 @@ class DiskQueue:
             if not self._closed:
                 self._cache.maintain()  # idle chunks go even when nobody reads
         with self._wlock:
-            if self._writer is not None:
+            if self._writer is not None and not self.failed:
                 self._sync_locked()
 
     def empty(self) -> None:
@@ -969,7 +993,7 @@ class DiskQueue:
             w = self._writer
             if w is None:
                 return
-            if sync:
+            if sync and not self.failed:  # (a failed queue records no clean close)
                 depth = self.depth() + self.pending()  # un-acked messages are read again
                 w.close(truncate=True)  # the data and the file's size on disk (fsync)
                 acks = 0

@@ -34,3 +34,14 @@ class MessageSizeError(StorageError, ValueError):
 
 class DiskFullError(StorageError, OSError):
     """A write failed because the device has no space left; nothing was written."""
+
+
+class DiskFailedError(StorageError):
+    """An fsync of the queue's files failed: the queue takes no more writes.
+
+    After a failed fsync the kernel may have dropped the dirty pages it could
+    not write, and a later fsync can succeed without them (PostgreSQL's
+    "fsyncgate"), so the queue never retries: nothing written since its last
+    good sync is acknowledged, and it refuses every write until it is opened
+    again (a restart, once the disk is fixed, recovers by scanning).
+    """

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from actors.broker import health
 from actors.broker.messages import Stored
 from actors.broker.nsq_message import is_ephemeral
 from actors.broker.options import BrokerOptions
@@ -210,6 +211,9 @@ class DiskQueueActor(Actor):
                                sync_timeout=o.sync_timeout,
                                ack_mode=True, cache_low_watermark=o.cache_low_watermark,
                                cache_high_watermark=o.cache_high_watermark)
+        # A queue that failed earlier in this process's life stays failed when reopened
+        # (after an actor restart): its files may lack pages the kernel dropped.
+        self.queue.failed = health.failed_queue(stem)
         if os.path.exists(self._delayed_path()):
             self.delayed = DelayedStore(o.data_path, name=stem)
 
@@ -336,6 +340,7 @@ class DiskQueueActor(Actor):
             write()
         except StorageError as e:
             log.error("%s: write failed: %s", self.name, e)
+            self._note_failure()
             for actor, token in confirms:
                 self.tell(actor, Stored(token, ("E_PUB_FAILED", f"PUB failed {e}", False)))
             return False
@@ -345,6 +350,12 @@ class DiskQueueActor(Actor):
         for actor, token in confirms:
             self.tell(actor, Stored(token))
         return True
+
+    def _note_failure(self) -> None:
+        """If the queue failed for good (an fsync error), tell `/ping` for this process's life."""
+        q = self.queue
+        if isinstance(q, DiskQueue) and q.failed:
+            health.record_failed_queue(q.name, q.failed)
 
     def _idle(self) -> None:
         """Close the files if nothing happened for a while and nothing is pending."""
@@ -396,6 +407,7 @@ class DiskQueueActor(Actor):
             self.blocking(self._sync, self.queue, self.delayed)
         except (StorageError, OSError) as e:
             log.error("%s: fsync failed: %s", self.name, e)
+            self._note_failure()
             error = ("E_PUB_FAILED", f"PUB failed {e}", False)
         self.commits += 1
         for actor, token in confirms:

@@ -175,8 +175,9 @@ class GatewayFacade:
 
     def health(self) -> str | None:
         """None if a publish can be taken: no storage failure since the last good
-        publish, and every worker's actors answer the gateway (a scanner each, through
-        its dispatcher) within a second; else why not."""
+        publish, every worker's actors answer the gateway (a scanner each, through
+        its dispatcher) within a second, and no queue has failed (an fsync error);
+        else why not."""
         reason = health.reason()
         if reason is not None:
             return reason
@@ -186,6 +187,8 @@ class GatewayFacade:
             if isinstance(reply, Exception):
                 node = self.placement.node_for(name)
                 return f"{node} does not answer: {reply}"
+            if reply:  # queues of that worker whose fsync failed: they take no writes
+                return "; ".join(f"{queue}: {why}" for queue, why in sorted(reply.items()))
         return None
 
     def info(self) -> dict[str, Any]:

@@ -270,8 +270,9 @@ class ScanDone:
 @message
 @dataclass(frozen=True)
 class Alive:
-    """Ask a scanner: answered (None) by its worker's dispatcher -- `/ping`'s probe of
-    the path from the gateway to the worker's actors."""
+    """Ask a scanner: answered by its worker's dispatcher -- `/ping`'s probe of the
+    path from the gateway to the worker's actors -- with the worker's failed queues
+    (``{queue: why}``, see `actors.broker.health`), or None."""
 
 
 @message

@@ -29,6 +29,7 @@ import time
 from collections import deque
 from typing import Any
 
+from actors.broker import health
 from actors.broker.messages import (
     Alive,
     Scan,
@@ -114,7 +115,7 @@ class ScannerActor(Actor):
     def on_receive(self, msg: Any) -> Any:
         match msg:
             case Alive():
-                return None
+                return health.failed_queues() or None
             case Swept():
                 return sorted(self.channels)
             case ScanRegister(channel=channel):

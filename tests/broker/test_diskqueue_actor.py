@@ -135,3 +135,53 @@ def test_a_queue_never_created_answers_its_owner_without_creating_a_file(tmp_pat
     assert a.on_receive(DqOpen()) == (0, [])
     assert a.queue is None
     assert os.listdir(tmp_path) == []
+
+
+def test_a_queue_whose_fsync_failed_refuses_publishes_and_reports_itself_to_ping(
+        tmp_path, monkeypatch):
+    import errno
+
+    from actors.broker import health
+    from actors.broker.messages import Alive
+    from actors.broker.scanner import ScannerActor
+    from storage import chunk as chunk_mod
+
+    monkeypatch.setattr(health, "_failed_queues", {})
+    # Given a durable queue (group commit) on a disk that fails fdatasync with EIO
+    options = BrokerOptions(data_path=str(tmp_path), sync_every=1, mem_queue_size=0,
+                            queue_idle_close=0)
+    a = DiskQueueActor("diskqueue:t", options)
+    told: list[tuple[str, object]] = []
+    a.tell = lambda name, msg: told.append((name, msg))  # type: ignore[method-assign]
+    a.on_receive(DqPut([MESSAGE], (("topic:t", 1),)))
+    assert told == [("topic:t", Stored(1))]
+
+    def eio(_fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(chunk_mod.os, "fdatasync", eio)
+    # When a publish is written and its fsync fails
+    told.clear()
+    a.on_receive(DqPut([MESSAGE], (("topic:t", 2),)))
+    # Then it is refused, and so is every later one, even once the disk answers again
+    ((_, refused),) = [m for m in told if isinstance(m[1], Stored)]
+    assert refused.token == 2
+    assert refused.error[0] == "E_PUB_FAILED"
+    failed = health._failed_queues
+    monkeypatch.undo()  # the disk works again
+    monkeypatch.setattr(health, "_failed_queues", failed)
+    assert list(failed) == ["t"]
+    told.clear()
+    a.on_receive(DqPut([MESSAGE], (("topic:t", 3),)))
+    assert [m.error[0] for _, m in told if isinstance(m, Stored)] == ["E_PUB_FAILED"]
+    # And its worker's scanner reports it to /ping for the process's life, a new life
+    # of the actor (reopening the files) included
+    scanner = ScannerActor("scanner:0", options)
+    assert "Input/output error" in scanner.on_receive(Alive())["t"]
+    a.on_stop()
+    b = DiskQueueActor("diskqueue:t", options)
+    b.tell = lambda name, msg: told.append((name, msg))  # type: ignore[method-assign]
+    told.clear()
+    b.on_receive(DqPut([MESSAGE], (("topic:t", 4),)))
+    assert [m.error[0] for _, m in told if isinstance(m, Stored)] == ["E_PUB_FAILED"]
+    b.on_stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import shutil
@@ -124,3 +125,45 @@ def test_a_sync_makes_a_new_chunk_s_directory_entry_durable_too(open_queue, tmp_
     seen.clear()
     q.sync()
     assert seen == []
+
+
+def test_a_failed_fsync_is_never_retried_and_the_queue_takes_no_more_writes(
+        open_queue, tmp_path, monkeypatch):
+    """fsyncgate: after a failed fsync the kernel may have dropped the pages it could not
+    write, and a retry can succeed without them; so nothing is acknowledged after it."""
+    from storage import DiskFailedError
+    from storage import chunk as chunk_mod
+
+    q = open_queue(ack_mode=True)
+    q.put(b"synced")
+    q.sync()
+    calls: list[int] = []
+
+    def eio(fd: int) -> None:
+        calls.append(fd)
+        raise OSError(errno.EIO, "Input/output error")
+
+    # Given a disk that fails the next fdatasync
+    monkeypatch.setattr(chunk_mod.os, "fdatasync", eio)
+    q.put(b"unsynced")
+    # When the queue syncs (the group commit before an acknowledgement)
+    with pytest.raises(DiskFailedError, match="Input/output error"):
+        q.sync()
+    # Then it refuses every later write and sync without trying the disk again
+    with pytest.raises(DiskFailedError):
+        q.put(b"later")
+    with pytest.raises(DiskFailedError):
+        q.put_many([b"later"])
+    with pytest.raises(DiskFailedError):
+        q.sync()
+    assert len(calls) == 1
+    assert "fdatasync" in (q.failed or "")
+    # And it still reads what it holds, closes without a clean-close record, and a
+    # reopen once the disk is fixed recovers by scanning
+    assert [m for _, m in q.read_many(10)] == [b"synced", b"unsynced"]
+    monkeypatch.undo()
+    q.close()
+    assert DiskQueue.closed_depth("q", tmp_path) is None
+    q = open_queue(ack_mode=True)
+    assert q.failed is None
+    assert [m for _, m in q.read_many(10)] == [b"synced", b"unsynced"]
