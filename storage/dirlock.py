@@ -20,6 +20,7 @@ import os
 import time
 
 from storage.errors import StorageError
+from storage.meta import makedirs_durable
 
 __all__ = ["DirLock", "DirLockedError"]
 
@@ -49,7 +50,7 @@ class DirLock:
         wait up to `wait` seconds for them.  Raises StorageError if the directory
         cannot be created or written."""
         try:
-            os.makedirs(self.path, exist_ok=True)
+            makedirs_durable(self.path)
             fd = os.open(os.path.join(self.path, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
             raise StorageError(f"data path {self.path} cannot be used: {e.strerror}") from e

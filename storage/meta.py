@@ -20,6 +20,19 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def makedirs_durable(path: str) -> None:
+    """`os.makedirs`, then fsync the parent of every directory it created: a new
+    directory's entry survives a power cut only once its parent is synced."""
+    missing = []
+    p = os.path.abspath(path)
+    while not os.path.isdir(p):
+        missing.append(p)
+        p = os.path.dirname(p)
+    os.makedirs(path, exist_ok=True)
+    for created in reversed(missing):  # the topmost first
+        fsync_dir(os.path.dirname(created))
+
+
 def write_atomic(path: str, data: bytes) -> None:
     """Replace `path` with `data` so that a crash leaves either the old or the new file."""
     tmp = f"{path}.tmp"

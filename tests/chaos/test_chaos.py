@@ -23,6 +23,7 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Callable, Mapping
 
 import pytest
 
@@ -44,14 +45,20 @@ pytestmark = pytest.mark.timeout(max(240, int(SECONDS * 6)))
 
 
 def nemesis(broker: BrokerProcess, stop: threading.Event, rng: random.Random,
-            log: list[str]) -> None:
+            log: list[str], *, extra: Mapping[str, Callable[[], None]] | None = None,
+            interval: tuple[float, float] = (2.0, 4.0)) -> None:
+    """Every `interval` seconds, one fault at random; `extra` adds faults of the caller's
+    (the soak's power cuts), each as likely as one of the built-in actions."""
+    extra = extra or {}
     actions = ["kill_worker", "kill_worker", "kill_gateway", "kill_all", "crash_actor",
-               "crash_client", "drop_connection", "restart"]
-    while not stop.wait(rng.uniform(2.0, 4.0)):
+               "crash_client", "drop_connection", "restart", *extra]
+    while not stop.wait(rng.uniform(*interval)):
         action = rng.choice(actions)
         log.append(action)
         try:
-            if action in {"kill_worker", "kill_gateway"}:
+            if action in extra:
+                extra[action]()
+            elif action in {"kill_worker", "kill_gateway"}:
                 role = "worker" if action == "kill_worker" else "gateway"
                 victims = [p for p in broker.processes() if p.role == role and p.pid]
                 if victims:

@@ -29,6 +29,7 @@ import errno
 import itertools
 import logging
 import os
+import shutil
 import stat
 import sys
 import threading
@@ -113,7 +114,7 @@ class VolatileFS(fuse.Operations):  # type: ignore[misc]
         if kind == "create":
             full = self._full(op[1])
             if os.path.isdir(full) and not os.path.islink(full):
-                os.rmdir(full)
+                shutil.rmtree(full)  # a directory never made durable goes, whatever it held
             elif os.path.lexists(full):
                 os.unlink(full)
         elif kind == "remove":

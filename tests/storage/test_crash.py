@@ -167,3 +167,21 @@ def test_a_failed_fsync_is_never_retried_and_the_queue_takes_no_more_writes(
     q = open_queue(ack_mode=True)
     assert q.failed is None
     assert [m for _, m in q.read_many(10)] == [b"synced", b"unsynced"]
+
+
+def test_a_data_directory_created_by_the_lock_is_durable_in_its_parent(tmp_path, monkeypatch):
+    from storage import meta
+    from storage.dirlock import DirLock
+
+    synced: list[str] = []
+    real = meta.fsync_dir
+
+    def spy(path: str) -> None:
+        synced.append(path)
+        real(path)
+
+    monkeypatch.setattr(meta, "fsync_dir", spy)
+    lock = DirLock(tmp_path / "a" / "b").acquire()
+    lock.release()
+    # each new directory's entry was synced into its parent, the topmost first
+    assert synced == [str(tmp_path), str(tmp_path / "a")]
