@@ -1,6 +1,7 @@
 """Soak: producers and consumers against a broker under the chaos nemesis, for a set time.
 
     python -m bench.soak [--seconds 120] [--seed 1] [--no-nemesis] [--plain-consumers]
+                         [--power-cuts] [--interval 2 4]
 
 Runs the chaos workload of ``tests/chaos`` (ZeroMQ, NSQ TCP and HTTP
 producers publishing unique ids, two consumers, a broker with
@@ -15,6 +16,14 @@ backlog grows: they are bounded by the buffers and the chunk cache, not by
 the number of messages stored.  ``--plain-consumers`` makes the consumers
 take every message at once (no REQs, no handler sleeping past the timeout),
 so the comeback times measure the broker and the client, not the workload.
+
+``--power-cuts`` puts the data directory on the power-cut rig
+(``tests/power``: a FUSE file system that drops, at each unmount, what POSIX
+lets a power cut drop), runs the broker with ``--sync-every 1`` so that an
+acknowledgement means fsynced, and adds ``power_cut`` to the nemesis: every
+broker process killed -9, the file system unmounted (the cut) and mounted
+again, the broker started.  ``--interval`` sets the nemesis's pause between
+faults (2-4 s by default).
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ import statistics
 import tempfile
 import threading
 import time
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -50,10 +61,33 @@ def main() -> None:
     ap.add_argument("--no-nemesis", action="store_true")
     ap.add_argument("--plain-consumers", action="store_true",
                     help="consumers that take every message at once")
+    ap.add_argument("--power-cuts", action="store_true",
+                    help="the data directory on the power-cut rig; power_cut in the nemesis")
+    ap.add_argument("--interval", type=float, nargs=2, default=(2.0, 4.0),
+                    metavar=("MIN", "MAX"), help="seconds between the nemesis's faults")
     a = ap.parse_args()
     rng = random.Random(a.seed)
     work = Path(tempfile.mkdtemp(prefix="soak", dir="/tmp"))
-    broker = BrokerProcess(work / "data", work / "broker.log")
+    extra: dict[str, Callable[[], None]] = {}
+    mount = None
+    if a.power_cuts:
+        from tests.power.rig import VolatileMount
+
+        mount = VolatileMount(work)
+        mount.up()
+        # (a long path keeps the broker's ipc sockets in /tmp, off the mount)
+        broker = BrokerProcess(mount.mount / ("d" * 80), work / "broker.log",
+                               ("--sync-every", "1"))
+
+        def power_cut() -> None:
+            broker.kill_all()
+            mount.cut()
+            mount.up()
+            broker.start()
+
+        extra["power_cut"] = power_cut
+    else:
+        broker = BrokerProcess(work / "data", work / "broker.log")
     broker.start()
     ledger = Ledger()
     stop_load, stop_nemesis, draining = threading.Event(), threading.Event(), threading.Event()
@@ -68,7 +102,8 @@ def main() -> None:
                               (tcp_producer, "t1"), (http_producer, "h1"))]
     if not a.no_nemesis:
         threads.append(threading.Thread(target=nemesis, args=(
-            broker, stop_nemesis, random.Random(rng.random()), actions)))
+            broker, stop_nemesis, random.Random(rng.random()), actions),
+            kwargs={"extra": extra, "interval": tuple(a.interval)}))
     peak: dict[str, int] = {}
     usage: list[dict[str, tuple[int, int]]] = []
     comebacks: list[float] = []  # seconds from /ping OK again to the next delivery
@@ -129,9 +164,12 @@ def main() -> None:
     for c in consumers:
         c.close(timeout=5)
     broker.stop()
+    if mount is not None:
+        mount.cut()
     lat = sorted(ledger.latencies)
     q = statistics.quantiles(lat, n=100) if len(lat) > 100 else [0.0] * 99
-    print(f"nemesis: {actions}")
+    print(f"nemesis: {len(actions)} faults: "
+          + ", ".join(f"{k} {v}" for k, v in sorted(Counter(actions).items())))
     print(f"checker (after a {drain_s:.0f} s drain): {result}; duplicate rate "
           f"{result['duplicated'] / max(1, result['delivered']):.1%}")
     print(f"publish-to-delivery latency p50 {q[49] * 1000:.1f} ms, p99 {q[98] * 1000:.1f} ms")
