@@ -268,9 +268,8 @@ def _serve(argv: list[str]) -> int:
         """An fsync commits every directory change too (ext4 / XFS journal commits)."""
 
         def fsync(self, path: str, datasync: int, fh: int) -> int:
+            super().fsync(path, datasync, fh)
             with self._mutex:
-                os.fsync(fh)
-                self.undo.pop(os.fstat(fh).st_ino, None)
                 self.dirlog.clear()
             return 0
 

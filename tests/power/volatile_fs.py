@@ -17,6 +17,10 @@ volatile change before the process exits:
   into it), a rename is moved back, and a removed file comes back from where
   it was kept (``.vfs-trash`` in the backing directory).
 
+A failing disk: while the backing directory holds a file ``.vfs-eio``, every
+fsync of a file whose path contains the text in it fails with EIO (and what
+it should have made durable stays volatile).
+
 Unmounting flushes the kernel's dirty pages first, so what a killed process
 left in its writable ``mmap`` reaches this file system as writes -- volatile
 ones -- before the cut.  One lock serialises the operations.  A file's undo
@@ -40,6 +44,7 @@ import mfusepy as fuse
 log = logging.getLogger("volatile_fs")
 
 TRASH = ".vfs-trash"
+EIO_CONTROL = ".vfs-eio"
 
 
 class VolatileFS(fuse.Operations):  # type: ignore[misc]
@@ -133,7 +138,17 @@ class VolatileFS(fuse.Operations):  # type: ignore[misc]
 
     # -- durability ------------------------------------------------------------------
 
+    def _failing(self, path: str) -> bool:
+        try:
+            with open(os.path.join(self.root, EIO_CONTROL)) as f:
+                pattern = f.read().strip()
+        except FileNotFoundError:
+            return False
+        return pattern in path
+
     def fsync(self, path: str, datasync: int, fh: int) -> int:
+        if self._failing(path):
+            raise fuse.FuseOSError(errno.EIO)
         with self._mutex:
             os.fsync(fh)
             self.undo.pop(os.fstat(fh).st_ino, None)
@@ -153,7 +168,7 @@ class VolatileFS(fuse.Operations):  # type: ignore[misc]
 
     def readdir(self, path: str, fh: int) -> list[str]:
         names = os.listdir(self._full(path))
-        return [".", "..", *(n for n in names if path != "/" or n != TRASH)]
+        return [".", "..", *(n for n in names if path != "/" or not n.startswith(".vfs-"))]
 
     def open(self, path: str, flags: int) -> int:
         with self._mutex:
