@@ -303,7 +303,12 @@ class ChunkWriter:
         self.base = number << 48  # position of offset 0 (see make_position)
         self._synced_to = end
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-        self._fd = os.open(path, flags, 0o644)
+        try:
+            self._fd = os.open(path, flags, 0o644)
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):  # no room for a new file
+                raise DiskFullError(e.errno, f"no space left to create {path}") from e
+            raise
         try:
             if create:
                 self.allocated = min(capacity, INITIAL_ALLOCATION)

@@ -39,6 +39,7 @@ the ack journal; damaged data is kept beside them with a ``.bad`` suffix.
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import json
 import logging
@@ -189,7 +190,7 @@ class DiskQueue:
         self._bytes_written = 0
         self._c = dict.fromkeys(("bytes_read", "ring_hits", "corruptions",
                                  "torn_tails", "syncs", "bad_files", "acks",
-                                 "lost_to_corruption"), 0)
+                                 "acks_not_journaled", "lost_to_corruption"), 0)
         # ack mode
         self._order: deque[tuple[int, int]] = deque()  # (position, index in chunk), read order
         self._pending: set[int] = set()
@@ -197,6 +198,7 @@ class DiskQueue:
         self._skip: set[int] = set()
         self._journal_fd = -1
         self._journal_entries = 0
+        self._journal_torn = False  # an append failed (disk full): rewrite before the next
         # A file was created (a chunk, the ack journal) since the directory was last
         # fsynced: the next sync fsyncs it too, or a power cut may drop the new entry
         # -- and a new chunk's acknowledged messages with it -- though its data was synced.
@@ -830,14 +832,29 @@ class DiskQueue:
                         early.add(pos)
             if not done:
                 return 0
-            os.write(self._journal_fd, _ack_record(done))
-            self._journal_entries += len(done)
             self._c["acks"] += len(done)
-            floor_chunk = order[0][0] >> 48 if order else self._rchunk
-            if floor_chunk > self._oldest:
-                self._delete_chunks_before(floor_chunk)
-            if self._journal_entries > max(JOURNAL_COMPACT_MIN, 4 * (len(early) + len(self._skip))):
-                self._compact_journal()
+            try:
+                if self._journal_torn:  # an earlier append failed part way: rewrite it all
+                    self._compact_journal()
+                    self._journal_torn = False
+                self._journal_entries += len(done)
+                os.write(self._journal_fd, _ack_record(done))
+                floor_chunk = order[0][0] >> 48 if order else self._rchunk
+                if floor_chunk > self._oldest:
+                    self._delete_chunks_before(floor_chunk)
+                if self._journal_entries > max(JOURNAL_COMPACT_MIN,
+                                               4 * (len(early) + len(self._skip))):
+                    self._compact_journal()
+            except OSError as e:
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                # A full disk: the acks hold in memory (a consumer's FIN is not
+                # refused); only a crash before space returns delivers them again.
+                if not self._journal_torn:
+                    log.warning("queue %s: no space to record acks (%s); they hold in "
+                                "memory until space returns", self.name, e.strerror)
+                self._journal_torn = True
+                self._c["acks_not_journaled"] += len(done)
             return len(done)
 
     def _floor(self) -> tuple[int, int]:

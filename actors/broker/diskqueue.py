@@ -338,7 +338,7 @@ class DiskQueueActor(Actor):
         """Do a write; confirm it now, or (group commit) at the next fsync. False if it failed."""
         try:
             write()
-        except StorageError as e:
+        except (StorageError, OSError) as e:  # (a full disk, a failed sync at sync_every)
             log.error("%s: write failed: %s", self.name, e)
             self._note_failure()
             for actor, token in confirms:

@@ -19,7 +19,11 @@ volatile change before the process exits:
 
 A failing disk: while the backing directory holds a file ``.vfs-eio``, every
 fsync of a file whose path contains the text in it fails with EIO (and what
-it should have made durable stays volatile).
+it should have made durable stays volatile).  A full disk: while it holds a
+file ``.vfs-full``, whatever needs new space fails with ENOSPC (creating a
+file or directory, writing or allocating past a file's end, growing it);
+writes inside a file's existing size still succeed, as on a real file system
+whose blocks were allocated.
 
 Unmounting flushes the kernel's dirty pages first, so what a killed process
 left in its writable ``mmap`` reaches this file system as writes -- volatile
@@ -45,6 +49,7 @@ log = logging.getLogger("volatile_fs")
 
 TRASH = ".vfs-trash"
 EIO_CONTROL = ".vfs-eio"
+FULL_CONTROL = ".vfs-full"
 
 
 class VolatileFS(fuse.Operations):  # type: ignore[misc]
@@ -138,6 +143,10 @@ class VolatileFS(fuse.Operations):  # type: ignore[misc]
 
     # -- durability ------------------------------------------------------------------
 
+    def _no_space(self) -> None:
+        if os.path.exists(os.path.join(self.root, FULL_CONTROL)):
+            raise fuse.FuseOSError(errno.ENOSPC)
+
     def _failing(self, path: str) -> bool:
         try:
             with open(os.path.join(self.root, EIO_CONTROL)) as f:
@@ -180,6 +189,7 @@ class VolatileFS(fuse.Operations):  # type: ignore[misc]
             return os.open(full, (flags & ~(os.O_ACCMODE | os.O_APPEND)) | os.O_RDWR)
 
     def create(self, path: str, mode: int, fi: Any = None) -> int:
+        self._no_space()
         with self._mutex:
             full = self._full(path)
             existed = os.path.lexists(full)
@@ -196,6 +206,8 @@ class VolatileFS(fuse.Operations):  # type: ignore[misc]
     def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
         with self._mutex:
             st = os.fstat(fh)
+            if offset + len(data) > st.st_size:
+                self._no_space()
             size, ranges = self.undo.setdefault(st.st_ino, (st.st_size, []))
             if offset < size:
                 ranges.append((offset, os.pread(fh, min(len(data), size - offset), offset)))
@@ -208,6 +220,8 @@ class VolatileFS(fuse.Operations):  # type: ignore[misc]
             if length < st.st_size:
                 self._remember(full, length, st.st_size - length)
             else:
+                if length > st.st_size:
+                    self._no_space()
                 self.undo.setdefault(st.st_ino, (st.st_size, []))
             if fh is not None:
                 os.ftruncate(fh, length)
@@ -220,6 +234,8 @@ class VolatileFS(fuse.Operations):  # type: ignore[misc]
             raise fuse.FuseOSError(errno.EOPNOTSUPP)
         with self._mutex:
             st = os.fstat(fh)
+            if offset + length > st.st_size:
+                self._no_space()
             self.undo.setdefault(st.st_ino, (st.st_size, []))
             os.posix_fallocate(fh, offset, length)
         return 0
@@ -234,6 +250,8 @@ class VolatileFS(fuse.Operations):  # type: ignore[misc]
     # -- directory entries -----------------------------------------------------------
 
     def mknod(self, path: str, mode: int, dev: int) -> int:
+        if not stat.S_ISSOCK(mode):
+            self._no_space()
         with self._mutex:
             os.mknod(self._full(path), mode, dev)
             if not stat.S_ISSOCK(mode):
@@ -241,6 +259,7 @@ class VolatileFS(fuse.Operations):  # type: ignore[misc]
         return 0
 
     def mkdir(self, path: str, mode: int) -> int:
+        self._no_space()
         with self._mutex:
             os.mkdir(self._full(path), mode)
             self._log(path, "create", path)
