@@ -183,6 +183,7 @@ class DiskQueueActor(Actor):
         self.clock = clock
         self.last_used = clock()
         self.idle_timer = False
+        self.failed_writes = 0  # in a row: logged once, when it starts and when it ends
 
     def on_start(self) -> None:
         # The files open on the first message that needs them (a `DqOpen` after a
@@ -339,11 +340,18 @@ class DiskQueueActor(Actor):
         try:
             write()
         except (StorageError, OSError) as e:  # (a full disk, a failed sync at sync_every)
-            log.error("%s: write failed: %s", self.name, e)
+            if not self.failed_writes:
+                log.error("%s: write failed: %s (the next failures are counted, not logged, "
+                          "until a write succeeds)", self.name, e)
+            self.failed_writes += 1
             self._note_failure()
             for actor, token in confirms:
                 self.tell(actor, Stored(token, ("E_PUB_FAILED", f"PUB failed {e}", False)))
             return False
+        if self.failed_writes:
+            log.warning("%s: writes succeed again, after %d failed", self.name,
+                        self.failed_writes)
+            self.failed_writes = 0
         if self.group_commit and isinstance(self.queue, DiskQueue):
             self.unsynced.extend(tuple(c) for c in confirms)
             return True

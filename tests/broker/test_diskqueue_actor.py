@@ -185,3 +185,27 @@ def test_a_queue_whose_fsync_failed_refuses_publishes_and_reports_itself_to_ping
     b.on_receive(DqPut([MESSAGE], (("topic:t", 4),)))
     assert [m.error[0] for _, m in told if isinstance(m, Stored)] == ["E_PUB_FAILED"]
     b.on_stop()
+
+
+def test_a_run_of_failed_writes_is_logged_once_when_it_starts_and_once_when_it_ends(
+        tmp_path, monkeypatch, caplog):
+    from storage import DiskFullError
+
+    a = _actor(tmp_path)
+    a.tell = lambda name, msg: None  # type: ignore[method-assign]
+    real = DiskQueue.put_many
+
+    def full(self: DiskQueue, messages: object) -> None:
+        raise DiskFullError(28, "no space left")
+
+    monkeypatch.setattr(DiskQueue, "put_many", full)
+    with caplog.at_level("WARNING", logger="actors.broker.diskqueue"):
+        for _ in range(3):
+            a.on_receive(DqPut([MESSAGE], (("topic:t", 1),)))
+        monkeypatch.setattr(DiskQueue, "put_many", real)
+        a.on_receive(DqPut([MESSAGE], (("topic:t", 2),)))
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2
+    assert "write failed" in lines[0]
+    assert "succeed again, after 3 failed" in lines[1]
+    a.on_stop()
