@@ -19,7 +19,8 @@ once the write is durable -- in the OS after ``put_many`` returns, and with
 ``--sync-every=1`` also fsynced.  For the latter the actor does *group
 commit*: it syncs only when its inbox is empty, so every write that queued up
 behind one fsync shares it, and then confirms them all.  A failed write
-(disk full) is confirmed with ``E_PUB_FAILED`` instead.
+(disk full, a failed fsync) is confirmed with ``E_PUB_FAILED`` instead, its
+text saying which (:func:`refusal`).
 
 An idle queue lets go of its files: after ``--queue-idle-close`` (10 s) without a
 message, with nothing read-but-unacked, nothing waiting for an fsync and no
@@ -32,6 +33,7 @@ memory the same way).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import time
@@ -44,14 +46,30 @@ from actors.broker.messages import Stored
 from actors.broker.nsq_message import is_ephemeral
 from actors.broker.options import BrokerOptions
 from actors.runtime.actor import Actor, no_spawn
-from storage import DelayedStore, DiskQueue, NullQueue, StorageError
+from storage import DelayedStore, DiskFailedError, DiskQueue, NullQueue, StorageError
 from storage.delayed import SUFFIX as DELAYED_SUFFIX
 from transport.mailbox.envelope import message
+from transport.protocol.validation import DISK_FAILED, DISK_FULL
 
 log = logging.getLogger(__name__)
 
 #: NSQ's message header (timestamp, attempts, id) stored before each body.
 MESSAGE_HEADER = 26
+
+_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def refusal(e: Exception) -> tuple[str, str, bool]:
+    """The answer to a publish the storage could not take: ``E_PUB_FAILED`` whose text
+    says whether the disk is full (it resumes by itself once space returns) or failed
+    (an fsync error: the queue takes nothing until a restart), with the cause."""
+    if isinstance(e, DiskFailedError):
+        what = f"{DISK_FAILED}, the queue takes no writes until the broker restarts"
+    elif isinstance(e, OSError) and e.errno in _NO_SPACE:
+        what = DISK_FULL
+    else:
+        what = "the write failed"
+    return ("E_PUB_FAILED", f"PUB failed: {what} - {e}", False)
 
 
 @message
@@ -346,7 +364,7 @@ class DiskQueueActor(Actor):
             self.failed_writes += 1
             self._note_failure()
             for actor, token in confirms:
-                self.tell(actor, Stored(token, ("E_PUB_FAILED", f"PUB failed {e}", False)))
+                self.tell(actor, Stored(token, refusal(e)))
             return False
         if self.failed_writes:
             log.warning("%s: writes succeed again, after %d failed", self.name,
@@ -416,7 +434,7 @@ class DiskQueueActor(Actor):
         except (StorageError, OSError) as e:
             log.error("%s: fsync failed: %s", self.name, e)
             self._note_failure()
-            error = ("E_PUB_FAILED", f"PUB failed {e}", False)
+            error = refusal(e)
         self.commits += 1
         for actor, token in confirms:
             self.tell(actor, Stored(token, error))

@@ -50,7 +50,7 @@ from transport.mailbox.envelope import message
 from transport.nsq import codec as nsq_codec
 from transport.protocol import commands as pc
 from transport.protocol.identify import ServerInfo
-from transport.protocol.validation import Limits, ProtocolError
+from transport.protocol.validation import DISK_FAILED, Limits, ProtocolError
 from transport.zmq import codec as zmq_codec
 
 log = logging.getLogger(__name__)
@@ -188,7 +188,8 @@ class GatewayFacade:
                 node = self.placement.node_for(name)
                 return f"{node} does not answer: {reply}"
             if reply:  # queues of that worker whose fsync failed: they take no writes
-                return "; ".join(f"{queue}: {why}" for queue, why in sorted(reply.items()))
+                return "; ".join(f"{queue}: {DISK_FAILED} - {why}"
+                                 for queue, why in sorted(reply.items()))
         return None
 
     def info(self) -> dict[str, Any]:

@@ -167,6 +167,8 @@ def test_a_queue_whose_fsync_failed_refuses_publishes_and_reports_itself_to_ping
     ((_, refused),) = [m for m in told if isinstance(m[1], Stored)]
     assert refused.token == 2
     assert refused.error[0] == "E_PUB_FAILED"
+    assert refused.error[1].startswith("PUB failed: disk failed, the queue takes no writes")
+    assert "Input/output error" in refused.error[1]
     failed = health._failed_queues
     monkeypatch.undo()  # the disk works again
     monkeypatch.setattr(health, "_failed_queues", failed)
@@ -208,4 +210,25 @@ def test_a_run_of_failed_writes_is_logged_once_when_it_starts_and_once_when_it_e
     assert len(lines) == 2
     assert "write failed" in lines[0]
     assert "succeed again, after 3 failed" in lines[1]
+    a.on_stop()
+
+
+def test_a_publish_refused_by_a_full_disk_says_the_disk_is_full(tmp_path, monkeypatch):
+    import errno
+
+    from storage import DiskFullError
+
+    a = _actor(tmp_path)
+    told: list[tuple[str, object]] = []
+    a.tell = lambda name, msg: told.append((name, msg))  # type: ignore[method-assign]
+
+    def full(self: DiskQueue, messages: object) -> None:
+        raise DiskFullError(errno.ENOSPC, "no space left to create /d/t.00002.dat")
+
+    monkeypatch.setattr(DiskQueue, "put_many", full)
+    a.on_receive(DqPut([MESSAGE], (("topic:t", 1),)))
+    ((_, refused),) = [m for m in told if isinstance(m[1], Stored)]
+    assert refused.error == (
+        "E_PUB_FAILED",
+        "PUB failed: disk full - [Errno 28] no space left to create /d/t.00002.dat", False)
     a.on_stop()

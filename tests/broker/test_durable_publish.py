@@ -88,6 +88,11 @@ def _ping(b: Broker) -> str:
         return e.read().decode()
 
 
+def _metrics(b: Broker) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{b.http_port}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
 def _http_pub(b: Broker, topic: str, body: bytes) -> int:
     req = urllib.request.Request(f"http://127.0.0.1:{b.http_port}/pub?topic={topic}",
                                  data=body, method="POST")
@@ -126,16 +131,18 @@ def test_a_full_disk_answers_pub_failed_and_publishing_resumes_when_space_return
             if status != 200:
                 break
             accepted += 1
-        assert status == 503  # nsqd answers a failed queue write with 503 EXITING
+        assert status == 507  # Insufficient Storage, {"message":"DISK_FULL","detail":...}
         assert accepted > 0
-        # Then /ping says so, nothing acknowledged is lost, and publishing works once
-        # space returns
-        assert _ping(b).startswith("NOK - ")
+        # Then /ping and /metrics say so, nothing acknowledged is lost, and publishing
+        # works once space returns
+        assert "disk full" in _ping(b)
+        assert "\nnsq_disk_full 1\n" in _metrics(b)
         assert _channel_depth(b, "full", "c") == accepted
         filler.unlink()
         b.publish("full", [b"after"])  # through the broker's Python API, not the gateway
         assert _http_pub(b, "full", b"again") == 200
         assert _ping(b) == "OK"
+        assert "\nnsq_disk_full 0\n" in _metrics(b)
         assert _channel_depth(b, "full", "c") == accepted + 2
 
 

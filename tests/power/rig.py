@@ -126,7 +126,7 @@ class BrokerProcess:
         self.nsqd = nsqd
         self.max_bytes_per_file = max_bytes_per_file
         self.log = log
-        self.tcp, self.http = free_port(), free_port()
+        self.tcp, self.http, self.zmq = free_port(), free_port(), free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -140,7 +140,7 @@ class BrokerProcess:
         if self.nsqd:
             return [self.nsqd, f"--data-path={self.data}", *listen, *durable]
         return [sys.executable, "-m", "actors.broker", f"--data-path={self.data}", *listen,
-                "--zmq-address=tcp://127.0.0.1:0", *durable, "--workers=1"]
+                f"--zmq-address=tcp://127.0.0.1:{self.zmq}", *durable, "--workers=1"]
 
     def start(self, timeout: float = 60) -> None:
         self.proc = subprocess.Popen(self.command(), stdout=self.log, stderr=self.log, cwd=ROOT)

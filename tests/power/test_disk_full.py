@@ -14,6 +14,7 @@ import pytest
 
 from tests.power.rig import BrokerProcess, Tcp, VolatileMount, consume
 from tests.power.volatile_fs import FULL_CONTROL
+from transport.client import ClientError, Producer
 from transport.nsq.client_codec import ErrorFrame, Response
 from transport.protocol import commands as pc
 
@@ -27,10 +28,16 @@ def _depth(b: BrokerProcess) -> int:
     return int(channel["depth"]) + int(channel["in_flight_count"])
 
 
-def _ping(b: BrokerProcess) -> bytes:
+def _http(b: BrokerProcess, method: str, path: str, body: bytes | None = None,
+          ) -> tuple[int, bytes]:
     conn = http.client.HTTPConnection("127.0.0.1", b.http, timeout=10)
-    conn.request("GET", "/ping")
-    return conn.getresponse().read()
+    conn.request(method, path, body)
+    response = conn.getresponse()
+    return response.status, response.read()
+
+
+def _ping(b: BrokerProcess) -> bytes:
+    return _http(b, "GET", "/ping")[1]
 
 
 def test_a_full_disk_refuses_publishes_lets_consumers_drain_and_recovers_by_itself(
@@ -61,11 +68,20 @@ def test_a_full_disk_refuses_publishes_lets_consumers_drain_and_recovers_by_itse
         # When publishing goes on (the queue needs a new chunk within 20 messages)
         answers = [publish(n) for n in range(20, 80)]
         refused = [a for a in answers if isinstance(a, ErrorFrame)]
-        # Then publishes are refused with a clear error and /ping says why
+        # Then publishes are refused with an error that says the disk is full, on every
+        # protocol, and /ping and /metrics say so too
         assert refused, "nothing was refused on a full disk"
         assert refused[0].error.code == "E_PUB_FAILED"
-        assert "space" in str(refused[0].error).lower() or "full" in str(refused[0].error)
-        assert _ping(broker).startswith(b"NOK - ")
+        assert str(refused[0].error).startswith("E_PUB_FAILED PUB failed: disk full - ")
+        status, answer = _http(broker, "POST", "/pub?topic=t", b"h" * 1000)
+        assert status == 507
+        assert json.loads(answer)["message"] == "DISK_FULL"
+        assert "disk full" in json.loads(answer)["detail"]
+        with Producer(f"tcp://127.0.0.1:{broker.zmq}", timeout=10, max_attempts=1) as p, \
+                pytest.raises(ClientError, match="E_PUB_FAILED PUB failed: disk full"):
+            p.publish("t", b"z" * 1000)
+        assert _ping(broker).startswith(b"NOK - PUB failed: disk full")
+        assert b"\nnsq_disk_full 1\n" in _http(broker, "GET", "/metrics")[1]
         # And a consumer drains every acknowledged message meanwhile
         stop = threading.Event()
         consume(broker.tcp, "t", "c", got.add, stop, idle=3.0)

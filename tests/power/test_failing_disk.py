@@ -65,7 +65,7 @@ def test_a_queue_whose_fsync_fails_refuses_publishes_until_a_restart(
         assert _pub(broker, "good") == Response(b"OK")
         status, text = _get(broker, "/ping")
         assert status == 500
-        assert text.startswith(b"NOK - bad:c: fdatasync of the write chunk failed")
+        assert text.startswith(b"NOK - bad:c: disk failed - fdatasync of the write chunk failed")
         # And a restart once the disk is fixed recovers the queue by scanning
         broker.kill9()
         broker.start()

@@ -60,6 +60,8 @@ from aiohttp import web
 from transport.http.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from transport.http.metrics import format_stats_text, render_metrics
 from transport.protocol.validation import (
+    DISK_FAILED,
+    DISK_FULL,
     Limits,
     ProtocolError,
     check_channel,
@@ -125,12 +127,14 @@ class BrokerFacade(Protocol):
 
 
 class HttpError(Exception):
-    """An nsqd-style error answer: ``status`` and the ``{"message": message}`` code."""
+    """An nsqd-style error answer: ``status`` and the ``{"message": message}`` code,
+    with ``detail`` (a sentence, ours) where the code alone would not say enough."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, detail: str = "") -> None:
         super().__init__(status, message)
         self.status = status
         self.message = message
+        self.detail = detail
 
 
 FACADE = web.AppKey("facade", BrokerFacade)
@@ -148,7 +152,8 @@ _READ_CHUNK = 65536
 # ProtocolError code -> (status, nsqd's HTTP message) for /pub and /mpub.  Size
 # errors depend on the text ("too big" or empty); PUB failures are 503 EXITING
 # as in nsqd, whose topic.PutMessage error (exiting or a failed disk write)
-# always maps there.
+# always maps there -- but a full disk is 507 DISK_FULL and a failed one 503
+# DISK_FAILED, each with the refusal's sentence as "detail" (_storage_error).
 _PUB_ERRORS: dict[str, tuple[int, str]] = {
     "E_BAD_TOPIC": (400, "INVALID_TOPIC"),
     "E_INVALID": (400, "INVALID_DEFER"),
@@ -198,6 +203,8 @@ async def _errors(request: web.Request,
     try:
         return await handler(request)
     except HttpError as e:
+        if e.detail:
+            return _v1({"message": e.message, "detail": e.detail}, e.status)
         return _v1_error(e.status, e.message)
     except web.HTTPNotFound:
         return _v1_error(404, "NOT_FOUND")
@@ -234,6 +241,9 @@ def _map_error(exc: Exception, table: Mapping[str, tuple[int, str]], what: str) 
     pair = _error_code(exc)
     if pair is not None:
         code, text = pair
+        if code in _PUB_FAILURES and (refused := _storage_error(text)) is not None:
+            logger.warning("HTTP %s failed: %s %s", what, code, text)
+            return refused
         if code in table:
             status, message = table[code]
             if status >= 500:
@@ -246,6 +256,18 @@ def _map_error(exc: Exception, table: Mapping[str, tuple[int, str]], what: str) 
             return HttpError(413, "BODY_TOO_BIG") if too_big else HttpError(400, "BAD_BODY")
     logger.error("HTTP %s failed: %r", what, exc)
     return HttpError(500, "INTERNAL_ERROR")
+
+
+_PUB_FAILURES = frozenset({"E_PUB_FAILED", "E_MPUB_FAILED", "E_DPUB_FAILED"})
+
+
+def _storage_error(text: str) -> HttpError | None:
+    """507 DISK_FULL or 503 DISK_FAILED for a publish the disk refused, else None."""
+    if DISK_FULL in text:
+        return HttpError(507, "DISK_FULL", text)
+    if DISK_FAILED in text:
+        return HttpError(503, "DISK_FAILED", text)
+    return None
 
 
 async def _read_bounded(request: web.Request, limit: int) -> bytes | None:

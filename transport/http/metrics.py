@@ -48,6 +48,8 @@ import platform
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
+from transport.protocol.validation import DISK_FAILED, DISK_FULL
+
 __all__ = [
     "ACTOR_FAMILIES",
     "CHANNEL_FAMILIES",
@@ -169,6 +171,12 @@ _BROKER_FAMILIES: tuple[Family, ...] = (
     _family("nsq_start_time_seconds", "gauge",
             "When the broker started, in seconds since the epoch.", "start_time"),
     _family("nsq_topics", "gauge", "Topics on the broker.", "topics"),
+    _family("nsq_disk_full", "gauge",
+            "1 while publishes are refused because the disk has no space left (they "
+            "resume by themselves once space returns), else 0.", "disk_full"),
+    _family("nsq_disk_failed", "gauge",
+            "1 if a queue failed an fsync and takes no writes until the broker restarts "
+            "(GET /ping names it), else 0.", "disk_failed"),
     _family("nsq_build_info", "gauge", "Always 1; the version is a label.", "build_info"),
 )
 
@@ -261,9 +269,10 @@ def render_metrics(stats: Mapping[str, Any], *, health: str | None = None,
         out.declare(families)
     topics = [t for t in stats.get("topics") or () if isinstance(t, Mapping)]
     broker = {"healthy": health is None, "start_time": stats.get("start_time"),
-              "topics": len(topics)}
-    out.entry(_BROKER_FAMILIES[:3], {}, broker)
-    out.sample(_BROKER_FAMILIES[3], {"version": version}, 1)
+              "topics": len(topics), "disk_full": DISK_FULL in (health or ""),
+              "disk_failed": DISK_FAILED in (health or "")}
+    out.entry(_BROKER_FAMILIES[:-1], {}, broker)
+    out.sample(_BROKER_FAMILIES[-1], {"version": version}, 1)
 
     for topic in topics:
         name = _text(topic.get("topic_name"))

@@ -41,6 +41,8 @@ from typing import Any
 from transport.protocol.commands import MSG_ID_LENGTH, Cls, Command, Identify, Sub
 
 __all__ = [
+    "DISK_FAILED",
+    "DISK_FULL",
     "NON_FATAL_CODES",
     "ConnectionState",
     "Limits",
@@ -61,6 +63,14 @@ __all__ = [
     "split_mpub_body",
     "states_allowing",
 ]
+
+DISK_FULL = "disk full"
+"""In the text of a publish refused because the disk has no space left
+(``E_PUB_FAILED PUB failed: disk full - ...``); HTTP answers it 507 ``DISK_FULL``."""
+
+DISK_FAILED = "disk failed"
+"""In the text of a publish refused because the queue's disk failed an fsync (the
+queue takes no writes until a restart); HTTP answers it 503 ``DISK_FAILED``."""
 
 NON_FATAL_CODES = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"})
 """Codes after which the connection stays open; every other error closes it."""

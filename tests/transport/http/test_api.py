@@ -317,7 +317,7 @@ class CodedError(Exception):
     (ProtocolError("E_BAD_BODY", "MPUB body too big 2000 > 1000"), 413, "BODY_TOO_BIG"),
     (ProtocolError("E_BAD_BODY", "MPUB invalid body size 0"), 400, "BAD_BODY"),
     (ProtocolError("E_INVALID", "DPUB timeout 1 out of range"), 400, "INVALID_DEFER"),
-    (ProtocolError("E_PUB_FAILED", "PUB failed disk full"), 503, "EXITING"),
+    (ProtocolError("E_PUB_FAILED", "PUB failed exiting"), 503, "EXITING"),
     (ProtocolError("E_MPUB_FAILED", "MPUB failed exiting"), 503, "EXITING"),
     (ProtocolError("E_SOMETHING_NEW", "?"), 500, "INTERNAL_ERROR"),
     (CodedError("E_PUB_FAILED", "exiting"), 503, "EXITING"),
@@ -329,6 +329,23 @@ def test_pub_maps_facade_errors_to_nsqd_answers(
     facade.errors["publish"] = error
     reply = call(server, "POST", "/pub?topic=t", b"m")
     assert (reply.status, reply.message) == (status, message)
+
+
+@pytest.mark.parametrize(("path", "code", "what", "status", "message"), [
+    ("/pub?topic=t", "E_PUB_FAILED", "disk full", 507, "DISK_FULL"),
+    ("/mpub?topic=t", "E_MPUB_FAILED", "disk full", 507, "DISK_FULL"),
+    ("/pub?topic=t&defer=10", "E_DPUB_FAILED", "disk full", 507, "DISK_FULL"),
+    ("/pub?topic=t", "E_PUB_FAILED", "disk failed, the queue takes no writes", 503,
+     "DISK_FAILED"),
+])
+def test_a_publish_the_disk_refused_says_so_with_the_refusals_sentence(
+        server: HttpServer, facade: FakeFacade, path: str, code: str, what: str,
+        status: int, message: str) -> None:
+    text = f"PUB failed: {what} - [Errno 28] no space left to create /d/t.00002.dat"
+    facade.errors["publish"] = ProtocolError(code, text)
+    reply = call(server, "POST", path, b"m")
+    assert (reply.status, reply.message) == (status, message)
+    assert json.loads(reply.body)["detail"] == text
 
 
 @pytest.mark.parametrize("method", ["GET", "PUT", "DELETE", "HEAD"])
@@ -718,10 +735,24 @@ def test_metrics_exports_process_and_actor_stats(server: HttpServer) -> None:
     assert value_of(families, "nsq_actor_restarts_total", **topics) == 1
 
 
-def test_metrics_say_unhealthy(server: HttpServer, facade: FakeFacade) -> None:
-    facade.reason = "disk full"
+@pytest.mark.parametrize(("reason", "full", "failed"), [
+    ("worker-1 does not answer: timed out", 0, 0),
+    ("PUB failed: disk full - [Errno 28] no space left to create /d/t.00002.dat", 1, 0),
+    ("t:c: disk failed - fdatasync of the write chunk failed: [Errno 5] EIO", 0, 1),
+])
+def test_metrics_say_unhealthy_and_whether_the_disk_is_full_or_failed(
+        server: HttpServer, facade: FakeFacade, reason: str, full: int, failed: int) -> None:
+    facade.reason = reason
     families = parse_exposition(call(server, "GET", "/metrics").body.decode())
     assert value_of(families, "nsq_healthy") == 0
+    assert value_of(families, "nsq_disk_full") == full
+    assert value_of(families, "nsq_disk_failed") == failed
+
+
+def test_metrics_say_the_disk_is_fine_when_healthy(server: HttpServer) -> None:
+    families = parse_exposition(call(server, "GET", "/metrics").body.decode())
+    assert value_of(families, "nsq_disk_full") == 0
+    assert value_of(families, "nsq_disk_failed") == 0
 
 
 def test_metrics_escape_label_values() -> None:
