@@ -1,7 +1,7 @@
 """Soak: producers and consumers against a broker under the chaos nemesis, for a set time.
 
-    python -m bench.soak [--seconds 120] [--seed 1] [--no-nemesis] [--plain-consumers]
-                         [--power-cuts] [--interval 2 4]
+    python -m bench.soak [--seconds 120 | --faults N] [--seed 1] [--no-nemesis]
+                         [--plain-consumers] [--disk-faults] [--interval 2 4]
 
 Runs the chaos workload of ``tests/chaos`` (ZeroMQ, NSQ TCP and HTTP
 producers publishing unique ids, two consumers, a broker with
@@ -17,13 +17,23 @@ the number of messages stored.  ``--plain-consumers`` makes the consumers
 take every message at once (no REQs, no handler sleeping past the timeout),
 so the comeback times measure the broker and the client, not the workload.
 
-``--power-cuts`` puts the data directory on the power-cut rig
+``--disk-faults`` puts the data directory on the power-cut rig
 (``tests/power``: a FUSE file system that drops, at each unmount, what POSIX
-lets a power cut drop), runs the broker with ``--sync-every 1`` so that an
-acknowledgement means fsynced, and adds ``power_cut`` to the nemesis: every
-broker process killed -9, the file system unmounted (the cut) and mounted
-again, the broker started.  ``--interval`` sets the nemesis's pause between
-faults (2-4 s by default).
+lets a power cut drop, and answers ENOSPC or EIO on demand), runs the broker
+with ``--sync-every 1`` so that an acknowledgement means fsynced, and adds
+three faults of the disk to the nemesis, each as likely as each of its own:
+
+* ``power_cut``: every broker process killed -9, the file system unmounted
+  (the cut) and mounted again, the broker started;
+* ``disk_full``: for 0.5-3 s the disk answers ENOSPC to whatever needs new
+  space, under load (publishes are refused; consumers go on draining);
+* ``disk_eio``: for 0.5-2 s every fsync of the topic's files fails with EIO
+  (the queue refuses writes from then on), then, the disk fixed, the operator
+  restarts the broker -- by SIGTERM or kill -9, at random.
+
+``--interval`` sets the nemesis's pause between faults (2-4 s by default);
+``--faults N`` runs until the nemesis has made N faults instead of for
+``--seconds``.
 """
 
 from __future__ import annotations
@@ -38,10 +48,12 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 
 from tests.chaos.harness import (
+    TOPIC,
     BrokerProcess,
     Ledger,
     consumer,
@@ -52,6 +64,9 @@ from tests.chaos.harness import (
 )
 from tests.chaos.test_chaos import nemesis
 
+if TYPE_CHECKING:
+    from tests.power.rig import VolatileMount
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
@@ -61,16 +76,19 @@ def main() -> None:
     ap.add_argument("--no-nemesis", action="store_true")
     ap.add_argument("--plain-consumers", action="store_true",
                     help="consumers that take every message at once")
-    ap.add_argument("--power-cuts", action="store_true",
-                    help="the data directory on the power-cut rig; power_cut in the nemesis")
+    ap.add_argument("--disk-faults", action="store_true",
+                    help="the data directory on the power-cut rig; power cuts, a full disk "
+                         "and EIO in the nemesis")
     ap.add_argument("--interval", type=float, nargs=2, default=(2.0, 4.0),
                     metavar=("MIN", "MAX"), help="seconds between the nemesis's faults")
+    ap.add_argument("--faults", type=int, default=0,
+                    help="run until the nemesis has made this many faults (not --seconds)")
     a = ap.parse_args()
     rng = random.Random(a.seed)
     work = Path(tempfile.mkdtemp(prefix="soak", dir="/tmp"))
     extra: dict[str, Callable[[], None]] = {}
     mount = None
-    if a.power_cuts:
+    if a.disk_faults:
         from tests.power.rig import VolatileMount
 
         mount = VolatileMount(work)
@@ -78,14 +96,7 @@ def main() -> None:
         # (a long path keeps the broker's ipc sockets in /tmp, off the mount)
         broker = BrokerProcess(mount.mount / ("d" * 80), work / "broker.log",
                                ("--sync-every", "1"))
-
-        def power_cut() -> None:
-            broker.kill_all()
-            mount.cut()
-            mount.up()
-            broker.start()
-
-        extra["power_cut"] = power_cut
+        extra.update(_disk_faults(broker, mount, random.Random(rng.random())))
     else:
         broker = BrokerProcess(work / "data", work / "broker.log")
     broker.start()
@@ -126,14 +137,20 @@ def main() -> None:
             time.sleep(0.1)
 
     watcher = threading.Thread(target=watch_restarts, daemon=True)
-    print(f"soak: {a.seconds:.0f} s, seed {a.seed}, nemesis {'off' if a.no_nemesis else 'on'}")
+    length = f"{a.faults} faults" if a.faults else f"{a.seconds:.0f} s"
+    print(f"soak: {length}, seed {a.seed}, nemesis {'off' if a.no_nemesis else 'on'}")
     print(f"{'t':>5} {'acked/s':>9} {'delivered/s':>12}  rss MiB / threads / fds by process")
     for t in threads:
         t.start()
     watcher.start()
     start = time.monotonic()
     last = ledger.check()
-    while time.monotonic() - start < a.seconds:
+    def going() -> bool:
+        if a.faults:
+            return sum(" failed: " not in x for x in actions) < a.faults
+        return time.monotonic() - start < a.seconds
+
+    while going():
         time.sleep(5)
         now = ledger.check()
         try:
@@ -152,6 +169,7 @@ def main() -> None:
                          f"{sample.get(k, ('?', '?'))[1]}" for k, v in sorted(rss.items())),
               flush=True)
         last = now
+    ran_s = time.monotonic() - start
     stop_nemesis.set()
     stop_load.set()
     watching.set()
@@ -168,8 +186,12 @@ def main() -> None:
         mount.cut()
     lat = sorted(ledger.latencies)
     q = statistics.quantiles(lat, n=100) if len(lat) > 100 else [0.0] * 99
-    print(f"nemesis: {len(actions)} faults: "
-          + ", ".join(f"{k} {v}" for k, v in sorted(Counter(actions).items())))
+    failed = [x for x in actions if " failed: " in x]
+    done = [x for x in actions if " failed: " not in x]
+    print(f"nemesis: {len(done)} faults in {ran_s:.0f} s: "
+          + ", ".join(f"{k} {v}" for k, v in sorted(Counter(done).items())))
+    if failed:
+        print(f"  of which {len(failed)} raised: " + "; ".join(failed[:5]))
     print(f"checker (after a {drain_s:.0f} s drain): {result}; duplicate rate "
           f"{result['duplicated'] / max(1, result['delivered']):.1%}")
     print(f"publish-to-delivery latency p50 {q[49] * 1000:.1f} ms, p99 {q[98] * 1000:.1f} ms")
@@ -180,6 +202,42 @@ def main() -> None:
     if comebacks:
         print(f"broker came back {len(comebacks)} times; first delivery after /ping OK: "
               f"median {statistics.median(comebacks):.2f} s, max {max(comebacks):.2f} s")
+
+
+def _disk_faults(broker: BrokerProcess, mount: VolatileMount,
+                 rng: random.Random) -> dict[str, Callable[[], None]]:
+    """The nemesis's faults of the disk under `broker`, on the rig at `mount`."""
+    from tests.power.volatile_fs import EIO_CONTROL, FULL_CONTROL
+
+    def power_cut() -> None:
+        broker.kill_all()
+        mount.cut()
+        mount.up()
+        broker.start()
+
+    def disk_full() -> None:
+        control = mount.backing / FULL_CONTROL
+        control.write_text("")
+        try:
+            time.sleep(rng.uniform(0.5, 3.0))  # the load goes on against a full disk
+        finally:
+            control.unlink()
+
+    def disk_eio() -> None:
+        control = mount.backing / EIO_CONTROL
+        control.write_text(TOPIC)  # every file of the topic: queues, delayed store, metadata
+        try:
+            time.sleep(rng.uniform(0.5, 2.0))
+        finally:
+            control.unlink()
+        # The disk is fixed; a failed queue takes no writes until the broker restarts.
+        if rng.random() < 0.5:
+            broker.stop()
+        else:
+            broker.kill_all()
+        broker.start()
+
+    return {"power_cut": power_cut, "disk_full": disk_full, "disk_eio": disk_eio}
 
 
 def _threads_and_fds(broker: BrokerProcess) -> dict[str, tuple[int, int]]:

@@ -331,20 +331,21 @@ def test_pub_maps_facade_errors_to_nsqd_answers(
     assert (reply.status, reply.message) == (status, message)
 
 
-@pytest.mark.parametrize(("path", "code", "what", "status", "message"), [
-    ("/pub?topic=t", "E_PUB_FAILED", "disk full", 507, "DISK_FULL"),
-    ("/mpub?topic=t", "E_MPUB_FAILED", "disk full", 507, "DISK_FULL"),
-    ("/pub?topic=t&defer=10", "E_DPUB_FAILED", "disk full", 507, "DISK_FULL"),
-    ("/pub?topic=t", "E_PUB_FAILED", "disk failed, the queue takes no writes", 503,
-     "DISK_FAILED"),
+@pytest.mark.parametrize(("request_", "what", "answer"), [
+    (("/pub?topic=t", "E_PUB_FAILED"), "disk full", (507, "DISK_FULL")),
+    (("/mpub?topic=t", "E_MPUB_FAILED"), "disk full", (507, "DISK_FULL")),
+    (("/pub?topic=t&defer=10", "E_DPUB_FAILED"), "disk full", (507, "DISK_FULL")),
+    (("/pub?topic=t", "E_PUB_FAILED"), "disk failed, the queue takes no writes",
+     (503, "DISK_FAILED")),
 ])
 def test_a_publish_the_disk_refused_says_so_with_the_refusals_sentence(
-        server: HttpServer, facade: FakeFacade, path: str, code: str, what: str,
-        status: int, message: str) -> None:
-    text = f"PUB failed: {what} - [Errno 28] no space left to create /d/t.00002.dat"
+        server: HttpServer, facade: FakeFacade, request_: tuple[str, str], what: str,
+        answer: tuple[int, str]) -> None:
+    path, code = request_
+    text = f"PUB failed: {what} - [Errno 5] the cause, naming /d/t.00002.dat"
     facade.errors["publish"] = ProtocolError(code, text)
     reply = call(server, "POST", path, b"m")
-    assert (reply.status, reply.message) == (status, message)
+    assert (reply.status, reply.message) == answer
     assert json.loads(reply.body)["detail"] == text
 
 
