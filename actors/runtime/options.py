@@ -24,7 +24,8 @@ class RuntimeOptions:
     """Knobs of the process pool, mailboxes and supervision."""
 
     workers: int = field(default_factory=_cpu_count)
-    """Number of worker processes (topics, channels, diskqueues live there)."""
+    """Number of worker processes (topics, channels, diskqueues live there); 0: the
+    gateway process hosts every actor."""
     mailbox_size: int = 10_000
     """Bound of each actor's inbox, in messages (a batch may overshoot it once)."""
     hwm: int = 1_000
@@ -57,8 +58,8 @@ class RuntimeOptions:
     each one can still hand its memory to the disk-queue actors below it."""
 
     def __post_init__(self) -> None:
-        if self.workers < 1:
-            msg = f"workers must be >= 1, got {self.workers}"
+        if self.workers < 0:
+            msg = f"workers must be >= 0, got {self.workers}"
             raise ValueError(msg)
         if min(self.mailbox_size, self.hwm, self.dispatcher_threads, self.throughput,
                self.io_threads) < 1:

@@ -14,6 +14,8 @@ Nodes are named ``gateway`` and ``worker-0`` .. ``worker-{N-1}``.
   ``/``: ``worker-{crc32(topic) % N}``.  A topic, its channels and their disk
   queues are therefore co-located and talk through in-process inboxes.
 * Any other name is placed by ``crc32(name) % N``.
+* With no workers (``N = 0``: a small daemon such as the lookup daemon, all in
+  one process), every name lives on the gateway.
 
 CRC-32 (not Python's salted ``hash``) keeps the answer identical in every
 process and across restarts.  The worker count is fixed for the lifetime of a
@@ -68,8 +70,8 @@ class Placement:
     """Maps actor names to node names for a fixed number of workers."""
 
     def __init__(self, workers: int, topic_kinds: Iterable[str] = TOPIC_KINDS) -> None:
-        if workers < 1:
-            msg = f"workers must be >= 1, got {workers}"
+        if workers < 0:
+            msg = f"workers must be >= 0, got {workers}"
             raise ValueError(msg)
         self.workers = workers
         self.topic_kinds = frozenset(topic_kinds)
@@ -93,7 +95,7 @@ class Placement:
         node = self._cache.get(name)
         if node is None:
             kind, key = split_name(name)
-            if kind in GATEWAY_KINDS:
+            if kind in GATEWAY_KINDS or not self.workers:
                 node = GATEWAY
             elif kind in PINNED_KINDS and key.isdigit():
                 node = self._nodes[int(key) % self.workers]

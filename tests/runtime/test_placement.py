@@ -65,9 +65,16 @@ def test_names_split_into_kind_and_key() -> None:
     assert split_name("plain") == ("", "plain")
 
 
-def test_zero_workers_is_rejected() -> None:
+def test_negative_workers_are_rejected() -> None:
     with pytest.raises(ValueError, match="workers"):
-        Placement(workers=0)
+        Placement(workers=-1)
+
+
+def test_with_no_workers_every_name_lives_on_the_gateway() -> None:
+    placement = Placement(workers=0)
+    assert placement.nodes == ("gateway",)
+    for name in ("topic:orders", "scanner:0", "registry", "peer:1.2.3.4:5", "client:7"):
+        assert placement.node_for(name) == "gateway"
 
 
 def test_the_placement_remembers_a_bounded_number_of_names() -> None:

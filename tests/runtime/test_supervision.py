@@ -172,3 +172,18 @@ def test_tells_to_an_unresponsive_node_fail_with_mailbox_full_in_bounded_time(
         what="accepted batches delivered",
     )
     assert log == tuple(range(100)) * sent
+
+
+def test_a_runtime_with_no_workers_hosts_every_actor_on_its_gateway_and_restarts_it(
+        start_runtime: StartRuntime) -> None:
+    # Given a runtime of one process (the lookup daemon's shape)
+    rt = start_runtime(workers=0)
+    assert [p.name for p in rt.ps()] == ["supervisor", "gateway"]
+    gateway = process(rt, "gateway")
+    # Then actors of any kind live there
+    assert rt.ask("rec:r", Whoami(), timeout=5)[1] == gateway.pid
+    assert rt.ask("topic:t", Whoami(), timeout=5)[1] == gateway.pid
+    # And a SIGKILLed gateway is restarted, its actors with it
+    os.kill(gateway.pid, signal.SIGKILL)
+    wait_until(lambda: restarted(rt, "gateway", gateway.pid, 1), what="gateway restart")
+    assert rt.ask("rec:r", Whoami(), timeout=10)[1] == process(rt, "gateway").pid

@@ -62,6 +62,7 @@ __all__ = [
     "parse_msg_id",
     "split_mpub_body",
     "states_allowing",
+    "valid_name",
 ]
 
 DISK_FULL = "disk full"
@@ -208,7 +209,9 @@ def go_quote(raw: bytes, limit: int = 100) -> str:
     return "".join(out)
 
 
-def _valid_name(name: bytes) -> bool:
+def valid_name(name: bytes) -> bool:
+    """NSQ's rule for topic and channel names: 1-64 of ``[.a-zA-Z0-9_-]``, then
+    ``#ephemeral`` optionally (counted in the 64)."""
     if len(name) > 64:
         return False
     if name.endswith(_EPHEMERAL):
@@ -218,14 +221,14 @@ def _valid_name(name: bytes) -> bool:
 
 def check_topic(name: bytes, command: str) -> str:
     """The topic name as text, or ``E_BAD_TOPIC``: 1-64 of ``[.a-zA-Z0-9_-]``, ``#ephemeral``."""
-    if not _valid_name(name):
+    if not valid_name(name):
         raise ProtocolError("E_BAD_TOPIC", f"{command} topic name {go_quote(name)} is not valid")
     return name.decode("ascii")
 
 
 def check_channel(name: bytes, command: str) -> str:
     """The channel name as text, or ``E_BAD_CHANNEL`` (same rule as topics)."""
-    if not _valid_name(name):
+    if not valid_name(name):
         msg = f"{command} channel name {go_quote(name)} is not valid"
         raise ProtocolError("E_BAD_CHANNEL", msg)
     return name.decode("ascii")
