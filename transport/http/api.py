@@ -17,46 +17,44 @@ same bad request gets the same first complaint (``/pub``: too big, empty,
 topic, defer).
 
 Facade calls block (an actor ask crosses processes), so every one runs on an
-executor (``loop.run_in_executor``): the :class:`HttpServer`'s own bounded
-pool, or the loop's default one for a bare :func:`make_app`.  The event loop
-only parses and answers.  Bodies are read through :func:`_read_bounded`,
+executor (:func:`transport.http.base.call`): the :class:`HttpServer`'s own
+bounded pool, or the loop's default one for a bare :func:`make_app`.  The
+event loop only parses and answers.  Bodies are read through :func:`_read_bounded`,
 which stops one byte past the limit, so a client cannot make the server
 buffer more than ``max_msg_size`` (``/pub``) or ``max_body_size``
 (``/mpub``) whatever it sends or claims in ``Content-Length``.
 
 :class:`HttpServer` runs the app on its own thread and event loop (the
-gateway process has its own ZeroMQ loops): :meth:`HttpServer.start` binds
-the socket in the caller's thread (so a busy port raises there and port 0
-is resolved to :attr:`HttpServer.port`), then returns once the app serves;
-:meth:`HttpServer.stop` closes the listener and open connections, waits for
-running handlers (``shutdown_timeout``) and the executor, and joins the
-thread.
+gateway process has its own ZeroMQ loops; :class:`transport.http.base.AppServer`).
 
 Responses follow nsqd's two decorators: ``/ping`` is plain text (``OK`` or
-``NOK - reason`` with 500); every other endpoint is nsqd's "V1" style:
-``X-NSQ-Content-Type: nsq; version=1.0``, JSON bodies for data and errors,
-raw text for ``OK`` and the text stats.  ``/metrics`` (ours) is Prometheus
-text; both it and the text stats are rendered by :mod:`transport.http.metrics`
-from the one facade stats snapshot.  See ``docs/HTTP.md``.
+``NOK - reason`` with 500); every other endpoint is nsqd's "V1" style
+(:mod:`transport.http.base`): ``X-NSQ-Content-Type: nsq; version=1.0``, JSON
+bodies for data and errors, raw text for ``OK`` and the text stats.
+``/metrics`` (ours) is Prometheus text; both it and the text stats are
+rendered by :mod:`transport.http.metrics` from the one facade stats snapshot.  See ``docs/HTTP.md``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
-import json
 import logging
 import re
-import socket
-import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor
 from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 
+from transport.http.base import (
+    EXECUTOR,
+    AppServer,
+    HttpError,
+    call,
+    errors,
+    v1,
+)
 from transport.http.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from transport.http.metrics import format_stats_text, render_metrics
 from transport.protocol.validation import (
@@ -126,25 +124,13 @@ class BrokerFacade(Protocol):
         ...
 
 
-class HttpError(Exception):
-    """An nsqd-style error answer: ``status`` and the ``{"message": message}`` code,
-    with ``detail`` (a sentence, ours) where the code alone would not say enough."""
-
-    def __init__(self, status: int, message: str, detail: str = "") -> None:
-        super().__init__(status, message)
-        self.status = status
-        self.message = message
-        self.detail = detail
-
 
 FACADE = web.AppKey("facade", BrokerFacade)
 LIMITS = web.AppKey("limits", Limits)
-EXECUTOR = web.AppKey("executor", Executor)
 CLOCK: web.AppKey[Callable[[], float]] = web.AppKey("clock")
 HTTP_PORT = web.AppKey("http_port", list[int])
 """One-item list, filled by :class:`HttpServer` once bound (``/info``'s ``http_port``)."""
 
-_V1_HEADERS = {"X-NSQ-Content-Type": "nsq; version=1.0"}
 _BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
 _DECIMAL = re.compile(r"[+-]?[0-9]{1,18}")
 _READ_CHUNK = 65536
@@ -173,59 +159,8 @@ _COMMAND_ERRORS: dict[str, tuple[int, str]] = {
 # Responses
 
 
-def _json_body(data: Any) -> bytes:
-    return json.dumps(data, separators=(",", ":"), default=str).encode()
-
-
-def _v1(data: Any = None, status: int = 200) -> web.Response:
-    """nsqd's ``RespondV1``: text as is, anything else as JSON, with the V1 header."""
-    if data is None:
-        return web.Response(status=status, body=b"", headers=_V1_HEADERS)
-    if isinstance(data, str):
-        return web.Response(status=status, text=data, headers=_V1_HEADERS)
-    return web.Response(status=status, body=_json_body(data), headers=_V1_HEADERS,
-                        content_type="application/json", charset="utf-8")
-
-
-def _v1_error(status: int, message: str, headers: Mapping[str, str] | None = None,
-              ) -> web.Response:
-    response = _v1({"message": message}, status)
-    if headers:
-        response.headers.update(headers)
-    return response
-
-
-@web.middleware
-async def _errors(request: web.Request,
-                  handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
-                  ) -> web.StreamResponse:
-    """nsqd's answers for :class:`HttpError`, unknown paths, wrong methods and crashes."""
-    try:
-        return await handler(request)
-    except HttpError as e:
-        if e.detail:
-            return _v1({"message": e.message, "detail": e.detail}, e.status)
-        return _v1_error(e.status, e.message)
-    except web.HTTPNotFound:
-        return _v1_error(404, "NOT_FOUND")
-    except web.HTTPMethodNotAllowed as e:
-        return _v1_error(405, "METHOD_NOT_ALLOWED", {"Allow": ", ".join(sorted(e.allowed_methods))})
-    except web.HTTPException:
-        raise
-    except Exception:
-        logger.exception("HTTP %s %s failed", request.method, request.path_qs)
-        return _v1_error(500, "INTERNAL_ERROR")
-
-
 # ---------------------------------------------------------------------------
 # Helpers
-
-
-async def _call(request: web.Request, fn: Callable[..., _T], *args: Any) -> _T:
-    """Run a blocking facade call on the app's executor."""
-    loop = asyncio.get_running_loop()
-    executor = request.app.get(EXECUTOR)
-    return await loop.run_in_executor(executor, functools.partial(fn, *args))
 
 
 def _error_code(exc: BaseException) -> tuple[str, str] | None:
@@ -370,18 +305,18 @@ def _split_lines(body: bytes, limits: Limits) -> list[bytes]:
 
 
 async def _ping(request: web.Request) -> web.Response:
-    reason = await _call(request, request.app[FACADE].health)
+    reason = await call(request, request.app[FACADE].health)
     if reason is None:
         return web.Response(text="OK")
     return web.Response(status=500, text=f"NOK - {reason}")
 
 
 async def _info(request: web.Request) -> web.Response:
-    info = dict(await _call(request, request.app[FACADE].info))
+    info = dict(await call(request, request.app[FACADE].info))
     bound = request.app[HTTP_PORT]
     if bound and not info.get("http_port"):
         info["http_port"] = bound[0]
-    return _v1(info)
+    return v1(info)
 
 
 async def _pub(request: web.Request) -> web.Response:
@@ -394,10 +329,10 @@ async def _pub(request: web.Request) -> web.Response:
     topic = _topic_arg(request)
     defer_ms = _defer_arg(request, limits)
     try:
-        await _call(request, request.app[FACADE].publish, topic, [body], defer_ms)
+        await call(request, request.app[FACADE].publish, topic, [body], defer_ms)
     except Exception as e:
         raise _map_error(e, _PUB_ERRORS, "PUB") from e
-    return _v1("OK")
+    return v1("OK")
 
 
 async def _mpub(request: web.Request) -> web.Response:
@@ -417,12 +352,12 @@ async def _mpub(request: web.Request) -> web.Response:
     else:
         bodies = _split_lines(body, limits)
     if not bodies:
-        return _v1("OK")  # nsqd: a body of empty lines publishes nothing and succeeds
+        return v1("OK")  # nsqd: a body of empty lines publishes nothing and succeeds
     try:
-        await _call(request, request.app[FACADE].publish, topic, bodies, 0)
+        await call(request, request.app[FACADE].publish, topic, bodies, 0)
     except Exception as e:
         raise _map_error(e, _PUB_ERRORS, "MPUB") from e
-    return _v1("OK")
+    return v1("OK")
 
 
 _Handler = Callable[[web.Request], Awaitable[web.Response]]
@@ -437,10 +372,10 @@ def _command_handler(command: str, *, channel: bool) -> _Handler:
             topic = _topic_arg(request, _BAD_TOPIC_BY_COMMAND.get(command, (400, "INVALID_TOPIC")))
             channel_name = ""
         try:
-            await _call(request, request.app[FACADE].topic_command, topic, command, channel_name)
+            await call(request, request.app[FACADE].topic_command, topic, command, channel_name)
         except Exception as e:
             raise _map_error(e, _COMMAND_ERRORS, f"{request.path}") from e
-        return _v1()
+        return v1()
 
     handler.__name__ = f"_{command}"
     return handler
@@ -489,7 +424,7 @@ async def _stats(request: web.Request) -> web.Response:
         out["health"] = health_text  # always from health(), in nsqd's "NOK - reason" form
         return out
 
-    return _v1(await _call(request, work))
+    return v1(await call(request, work))
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -499,7 +434,7 @@ async def _metrics(request: web.Request) -> web.Response:
         stats, health, version = _collect_stats(facade, None, None, False)
         return render_metrics(stats, health=health, version=version)
 
-    text = await _call(request, work)
+    text = await call(request, work)
     return web.Response(body=text.encode(), headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 
@@ -515,7 +450,7 @@ def make_app(facade: BrokerFacade, limits: Limits | None = None, *,
     ``executor`` runs the blocking facade calls (None: the loop's default
     executor); ``clock`` gives wall-clock seconds for the text stats' uptime.
     """
-    app = web.Application(middlewares=[_errors])
+    app = web.Application(middlewares=[errors])
     app[FACADE] = facade
     app[LIMITS] = limits or Limits()
     if executor is not None:
@@ -536,96 +471,18 @@ def make_app(facade: BrokerFacade, limits: Limits | None = None, *,
     return app
 
 
-class HttpServer:
-    """Serves :func:`make_app` on its own thread and event loop.
-
-    ``start()`` returns once the socket listens (``port=0`` picks a free
-    port, then :attr:`port` tells which); ``stop()`` returns True if the
-    thread ended within ``timeout``.  Facade calls run on a pool of
-    ``max_workers`` threads, which bounds how many can block at once.
-    """
+class HttpServer(AppServer):
+    """Serves :func:`make_app` over `facade` on its own thread (:class:`AppServer`)."""
 
     def __init__(self, facade: BrokerFacade, limits: Limits | None = None,
                  host: str = "127.0.0.1", port: int = 4151, *, max_workers: int = 8,
                  shutdown_timeout: float = 2.0) -> None:
         self.facade = facade
         self.limits = limits or Limits()
-        self.host = host
-        self.port = port
-        self.max_workers = max_workers
-        self.shutdown_timeout = shutdown_timeout
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stopping: asyncio.Event | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
+        super().__init__(self._app, host, port, max_workers=max_workers,
+                         shutdown_timeout=shutdown_timeout)
 
-    def start(self, timeout: float = 10.0) -> HttpServer:
-        """Bind, start the thread, and return once requests are served."""
-        if self._thread is not None:
-            msg = "HttpServer already started"
-            raise RuntimeError(msg)
-        self._ready, self._error = threading.Event(), None
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.create_server((self.host, self.port), family=family, backlog=128)
-        self.port = sock.getsockname()[1]
-        self._thread = threading.Thread(target=self._run, args=(sock,),
-                                        name=f"http-api:{self.port}", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(timeout) or self._error is not None:
-            self.stop()
-            msg = f"HTTP API did not start on {self.host}:{self.port}"
-            raise RuntimeError(msg) from self._error
-        logger.info("HTTP API listening on %s:%d", self.host, self.port)
-        return self
-
-    def stop(self, timeout: float = 10.0) -> bool:
-        """Stop serving and join the thread; False if it is still running after ``timeout``."""
-        thread, loop, stopping = self._thread, self._loop, self._stopping
-        if thread is None:
-            return True
-        if loop is not None and stopping is not None:
-            with contextlib.suppress(RuntimeError):  # the loop already closed
-                loop.call_soon_threadsafe(stopping.set)
-        thread.join(timeout)
-        if thread.is_alive():
-            logger.warning("HTTP API thread did not stop within %.1fs", timeout)
-            return False
-        self._thread = None
-        return True
-
-    def __enter__(self) -> HttpServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def _run(self, sock: socket.socket) -> None:
-        loop = asyncio.new_event_loop()
-        executor = ThreadPoolExecutor(self.max_workers, thread_name_prefix="http-api-facade")
-        try:
-            loop.run_until_complete(self._serve(loop, sock, executor))
-        except BaseException as e:
-            self._error = e
-            logger.exception("HTTP API server failed")
-        finally:
-            self._ready.set()
-            sock.close()
-            executor.shutdown(wait=True, cancel_futures=True)
-            loop.run_until_complete(loop.shutdown_default_executor())
-            loop.close()
-
-    async def _serve(self, loop: asyncio.AbstractEventLoop, sock: socket.socket,
-                     executor: Executor) -> None:
-        self._loop = loop
-        self._stopping = asyncio.Event()
+    def _app(self, executor: Executor, port: int) -> web.Application:
         app = make_app(self.facade, self.limits, executor=executor)
-        app[HTTP_PORT].append(self.port)
-        runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=self.shutdown_timeout)
-        await runner.setup()
-        try:
-            await web.SockSite(runner, sock).start()
-            self._ready.set()
-            await self._stopping.wait()
-        finally:
-            await runner.cleanup()
+        app[HTTP_PORT].append(port)
+        return app
