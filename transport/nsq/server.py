@@ -49,27 +49,65 @@ log = logging.getLogger(__name__)
 _sessions = itertools.count(1)
 
 
-class _Conn(asyncio.Protocol):
-    def __init__(self, server: TcpServer) -> None:
+class BaseConn(asyncio.Protocol):
+    """A connection of a :class:`LoopServer`: its session name, output and closing.
+
+    Subclasses decode in ``data_received`` and may keep a timer (cancelled at close)."""
+
+    def __init__(self, server: LoopServer) -> None:
         self.server = server
         self.name = f"t{next(_sessions)}"
-        self.codec = ServerConnection(server.limits, server.info)
         self.transport: asyncio.Transport | None = None
-        self.heartbeat_s = server.limits.client_timeout / 2000
-        self.heard = 0.0
         self.timer: asyncio.TimerHandle | None = None
         self.closed = False
-
-    # -- asyncio.Protocol ---------------------------------------------------
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
         self.server.conns[self.name] = self
-        self.heard = self.server.loop.time()
-        self._schedule()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._close_quietly()
+
+    def eof_received(self) -> bool | None:
+        self.close()
+        return False
+
+    def write(self, data: bytes) -> None:
+        if not self.closed and self.transport is not None:
+            self.transport.write(data)
+
+    def close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()  # flushes what was written first
+        self._close_quietly()
+
+    def _close_quietly(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.timer is not None:
+            self.timer.cancel()
+        self.server.conns.pop(self.name, None)
+        try:
+            self.server.handler.on_close(self.name)
+        except Exception:
+            log.exception("tcp handler failed closing %s", self.name)
+
+
+class _Conn(BaseConn):
+    def __init__(self, server: TcpServer) -> None:
+        super().__init__(server)
+        self.server: TcpServer = server
+        self.codec = ServerConnection(server.limits, server.info)
+        self.heartbeat_s = server.limits.client_timeout / 2000
+        self.heard = 0.0
+
+    # -- asyncio.Protocol ---------------------------------------------------
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self.heard = self.server.loop.time()
+        self._schedule()
 
     def data_received(self, data: bytes) -> None:
         self.heard = self.server.loop.time()
@@ -87,10 +125,6 @@ class _Conn(asyncio.Protocol):
             self._event(event)
         if fins and not self.closed:
             self._event(Fin(tuple(fins)))
-
-    def eof_received(self) -> bool | None:
-        self.close()
-        return False
 
     # -- events -----------------------------------------------------------------
 
@@ -141,39 +175,20 @@ class _Conn(asyncio.Protocol):
             log.exception("tcp handler failed on a heartbeat of %s", self.name)
         self._schedule()
 
-    def write(self, data: bytes) -> None:
-        if not self.closed and self.transport is not None:
-            self.transport.write(data)
 
-    def close(self) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.close()  # flushes what was written first
-        self._close_quietly()
+class LoopServer:
+    """A TCP listener on an asyncio loop in its own thread, one `BaseConn` per
+    connection (made by ``make_conn``); the handler hears ``on_close(session)``, and
+    any thread may :meth:`send` to a session or :meth:`drop` it."""
 
-    def _close_quietly(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        if self.timer is not None:
-            self.timer.cancel()
-        self.server.conns.pop(self.name, None)
-        try:
-            self.server.handler.on_close(self.name)
-        except Exception:
-            log.exception("tcp handler failed closing %s", self.name)
-
-
-class TcpServer:
-    """See the module docstring."""
-
-    def __init__(self, host: str, port: int, handler: Handler, *, limits: Limits,
-                 info: ServerInfo | None = None) -> None:
+    def __init__(self, host: str, port: int, handler: Any,
+                 make_conn: Any, *, thread_name: str = "tcp-server") -> None:
         self.host = host
         self.port = port
         self.handler = handler
-        self.limits = limits
-        self.info = info or ServerInfo()
-        self.conns: dict[str, _Conn] = {}
+        self.make_conn = make_conn
+        self.thread_name = thread_name
+        self.conns: dict[str, BaseConn] = {}
         self.loop = asyncio.new_event_loop()
         self._server: asyncio.base_events.Server | None = None
         self._thread: threading.Thread | None = None
@@ -181,10 +196,10 @@ class TcpServer:
     def start(self) -> int:
         """Bind and serve; returns the bound port."""
         self._server = self.loop.run_until_complete(
-            self.loop.create_server(lambda: _Conn(self), self.host, self.port,
+            self.loop.create_server(lambda: self.make_conn(self), self.host, self.port,
                                     reuse_address=True, backlog=1024))
         self.port = self._server.sockets[0].getsockname()[1]
-        self._thread = threading.Thread(target=self.loop.run_forever, name="tcp-server",
+        self._thread = threading.Thread(target=self.loop.run_forever, name=self.thread_name,
                                         daemon=True)
         self._thread.start()
         return self.port
@@ -232,3 +247,13 @@ class TcpServer:
 
     def sessions(self) -> int:
         return len(self.conns)
+
+
+class TcpServer(LoopServer):
+    """NSQ TCP V2's listener: see the module docstring."""
+
+    def __init__(self, host: str, port: int, handler: Handler, *, limits: Limits,
+                 info: ServerInfo | None = None) -> None:
+        super().__init__(host, port, handler, _Conn)
+        self.limits = limits
+        self.info = info or ServerInfo()
