@@ -38,6 +38,7 @@ from actors.broker.client import ClientActor
 from actors.broker.diskqueue import DiskQueueActor
 from actors.broker.errors import BrokerError, from_wire
 from actors.broker.gateway import ListenerInfo, listener
+from actors.broker.lookup import LookupActor, lookup_names
 from actors.broker.messages import Publish, TopicCommand, TopicStats
 from actors.broker.options import BrokerOptions, OptionsError, parse_options, run_dir_for
 from actors.broker.scanner import ScannerActor
@@ -59,7 +60,7 @@ _LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WAR
 def boot_names(options: BrokerOptions, node: str, placement: Placement) -> list[str]:
     """The actors `node` must run from the start: its scanner and its topics on disk."""
     if node == GATEWAY:
-        return [f"listener:{p}" for p in LISTENERS]
+        return [*(f"listener:{p}" for p in LISTENERS), *lookup_names(options)]
     index = node.rpartition("-")[2]
     topics = [f"topic:{t}" for t in topics_on_disk(options.data_path)
               if placement.node_for(f"topic:{t}") == node]
@@ -74,6 +75,7 @@ def factories(options: BrokerOptions) -> dict[str, Any]:
         "scanner": partial(ScannerActor, options=options),
         "client": partial(ClientActor, options=options),
         "listener": partial(listener, options=options),
+        "lookup": partial(LookupActor, options=options),
     }
 
 

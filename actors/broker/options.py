@@ -81,6 +81,12 @@ class BrokerOptions:
     broadcast_address: str | None = opt(
         None, "str?", "address registered with lookupd (default: the hostname)"
     )
+    broadcast_tcp_port: int = opt(
+        0, "int", "TCP port registered with lookupd (default: the bound --tcp-address port)")
+    broadcast_http_port: int = opt(
+        0, "int", "HTTP port registered with lookupd (default: the bound --http-address port)")
+    lookupd_tcp_address: tuple[str, ...] = opt(
+        (), "address[]", "lookupd TCP address to register with")
     node_id: int | None = opt(
         None, "int?", "unique part of message ids, in [0,1024) (default: hash of the hostname)"
     )
@@ -237,6 +243,12 @@ def _validate(o: BrokerOptions) -> None:
     d = format_duration
     for name in ("tcp_address", "http_address"):
         check_host_port(name, getattr(o, name))
+    for address in o.lookupd_tcp_address:
+        check_host_port("lookupd_tcp_address", address)
+    for name in ("broadcast_tcp_port", "broadcast_http_port"):
+        if not 0 <= getattr(o, name) <= 65535:
+            raise fail(name, f"must be a port in [0, 65535] (0: the bound one), got "
+                             f"{getattr(o, name)}")
     _check_zmq_address("zmq_address", o.zmq_address)
     if not o.data_path:
         raise fail("data_path", "must not be empty")

@@ -54,6 +54,7 @@ from actors.broker.errors import (
     invalid,
     message_too_big,
 )
+from actors.broker.lookup import ChannelsOf, announce, lookup_names
 from actors.broker.messages import (
     ChannelCommand,
     ChannelGone,
@@ -167,6 +168,7 @@ class TopicActor(Actor):
             self.deferred = [(m, due) for due, _id, m in deferred]
             self.deferred_on_disk = bool(self.deferred)
         for channel, paused in self.channels.items():
+            announce(self, self.options, self.topic, channel)
             self._channel(channel, "hello")
             if paused:
                 self._channel(channel, "pause")
@@ -196,7 +198,14 @@ class TopicActor(Actor):
             return None
 
     def _mark_exists(self) -> None:
-        self.exists = True
+        if not self.exists:
+            self.exists = True
+            announce(self, self.options, self.topic)
+
+    def _add_channel(self, channel: str) -> None:
+        """A new channel (created, subscribed, or revived): kept and announced."""
+        self.channels[channel] = False
+        announce(self, self.options, self.topic, channel)
 
     def _write_meta(self) -> None:
         self._mark_exists()
@@ -256,7 +265,7 @@ class TopicActor(Actor):
                 if channel not in self.channels:
                     if not (revive and is_valid_channel_name(channel)):
                         return None  # a deleted channel's late start: it stays deleted
-                    self.channels[channel] = False
+                    self._add_channel(channel)
                     self._write_meta()
                 self._drain()
             case ChannelGone(channel=channel):
@@ -282,6 +291,29 @@ class TopicActor(Actor):
         if not self.valid:
             raise bad_topic(self.topic)
         if not self.exists:
+            self._write_meta()
+            self._channels_elsewhere()
+
+    def _channels_elsewhere(self) -> None:
+        """A topic just created takes the channels the cluster's lookup daemons know for
+        it (not ephemeral ones) before its first message, as nsqd does, so consumers
+        subscribed on other brokers miss nothing published here."""
+        names = lookup_names(self.options)
+        if not names:
+            return
+        known: set[str] = set()
+        for reply in self.ask_many([(n, ChannelsOf(self.topic)) for n in names],
+                                   timeout=5.0):
+            if isinstance(reply, list | tuple):  # (an exception: that daemon cannot say)
+                known.update(reply)
+        new = sorted(c for c in known
+                     if c not in self.channels and is_valid_channel_name(c)
+                     and not is_ephemeral(c))
+        for channel in new:
+            self._add_channel(channel)
+            self._channel(channel, "hello")
+        if new:
+            log.info("%s: created channels %s known to the lookup daemons", self.name, new)
             self._write_meta()
 
     # ------------------------------------------------------------------ publish
@@ -429,7 +461,7 @@ class TopicActor(Actor):
                 raise bad_topic(self.topic, "SUB")
             self._ensure_exists()
             if arg not in self.channels:
-                self.channels[arg] = False
+                self._add_channel(arg)
                 self._write_meta()
             self._channel(arg, "hello")
             self._drain()
@@ -466,6 +498,7 @@ class TopicActor(Actor):
     def _delete_channel(self, channel: str) -> None:
         if self.channels.pop(channel, None) is None:
             return
+        announce(self, self.options, self.topic, channel, gone=True)
         self._channel(channel, "delete")
         self._write_meta()
         if self.ephemeral and not self.channels:
@@ -473,7 +506,10 @@ class TopicActor(Actor):
 
     def _delete_topic(self) -> None:
         for channel in list(self.channels):
+            announce(self, self.options, self.topic, channel, gone=True)
             self._channel(channel, "delete")
+        if self.exists:
+            announce(self, self.options, self.topic, gone=True)
         if not self.ephemeral:
             self.tell(self.dq, DqDelete())
         with contextlib.suppress(FileNotFoundError):

@@ -6,7 +6,8 @@ An actor is addressed by a stable name ``kind:key``: ``topic:orders``,
 ``channel:orders/archive``, ``diskqueue:orders/archive``, ``client:42``.
 Nodes are named ``gateway`` and ``worker-0`` .. ``worker-{N-1}``.
 
-* ``client:*`` and ``listener:*`` live on the gateway (it owns the client sockets).
+* ``client:*``, ``listener:*`` and ``lookup:*`` live on the gateway (it owns the
+  client sockets, and the connections to lookup daemons).
 * Names whose kind is *pinned* (``scanner`` by default) carry a worker index
   as key: ``scanner:1`` lives on ``worker-1`` (one per worker).
 * Names whose kind is *topic-keyed* (``topic``, ``channel``, ``diskqueue`` by
@@ -44,8 +45,9 @@ GATEWAY = "gateway"
 TOPIC_KINDS = frozenset({"topic", "channel", "diskqueue"})
 """Name kinds whose key starts with a topic name."""
 
-GATEWAY_KINDS = frozenset({"client", "listener"})
-"""Name kinds that live on the gateway (client connections and protocol listeners)."""
+GATEWAY_KINDS = frozenset({"client", "listener", "lookup"})
+"""Name kinds that live on the gateway (client connections, protocol listeners and
+connections to lookup daemons)."""
 
 PINNED_KINDS = frozenset({"scanner"})
 """Name kinds whose key is a worker index (one such actor per worker)."""

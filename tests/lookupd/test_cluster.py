@@ -1,0 +1,162 @@
+"""Brokers join a cluster: ours registers with lookup daemons (ours and the real
+nsqlookupd), follows every change, takes the channels the cluster knows for a topic it
+creates, and announces everything again after its lookup daemon comes back."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from typing import Any
+
+import pytest
+
+from actors.broker import Broker
+from actors.lookupd import Lookupd
+from tests.broker.conftest import broker_options
+from tests.lookupd.conftest import Http, free_port, nsq_binary, wait_until
+from tests.power.rig import Tcp
+from transport.nsq.client_codec import Response
+from transport.protocol import commands as pc
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _broker(tmp_path: Any, *lookupds: str, name: str = "data") -> Broker:
+    return Broker(broker_options(tmp_path / name, lookupd_tcp_address=tuple(lookupds),
+                                 broadcast_address="127.0.0.1")).start()
+
+
+def _producers(web: Http, topic: str) -> list[dict[str, Any]]:
+    status, _, body = web.call("GET", f"/lookup?topic={topic}")
+    if status != 200:
+        return []
+    return json.loads(body)["producers"]
+
+
+def _node_topics(web: Http) -> list[list[str]]:
+    return sorted(sorted(n["topics"]) for n in web.json("/nodes")["producers"])
+
+
+def test_our_broker_registers_what_it_has_and_follows_every_change(
+        lookupd: Lookupd, tmp_path) -> None:
+    web = Http(lookupd.http_address)
+    b = _broker(tmp_path, lookupd.tcp_address)
+    try:
+        # When a topic and a channel are created
+        b.topic_command("orders", "hello")
+        b.topic_command("orders", "create_channel", "archive")
+        # Then the lookup finds the broker with its bound ports (and its ZeroMQ port)
+        (found,) = wait_until(lambda: _producers(web, "orders"), what="the registration")
+        assert found["tcp_port"] == int(b.tcp_address.rpartition(":")[2])
+        assert found["http_port"] == b.http_port
+        assert found["zmq_port"] == int(b.zmq_endpoint.rpartition(":")[2])
+        assert found["broadcast_address"] == "127.0.0.1"
+        wait_until(lambda: web.json("/channels?topic=orders")["channels"] == ["archive"],
+                   what="the channel")
+        # An ephemeral channel comes and goes with its consumer (an NSQ TCP one: its
+        # disconnect is seen at once)
+        consumer = Tcp(int(b.tcp_address.rpartition(":")[2]))
+        consumer.send(pc.Sub("orders", "tail#ephemeral"))
+        assert next(consumer.events()) == Response(b"OK")
+        wait_until(lambda: "tail#ephemeral" in web.json("/channels?topic=orders")["channels"],
+                   what="the ephemeral channel")
+        consumer.sock.close()
+        wait_until(lambda: "tail#ephemeral" not in
+                   web.json("/channels?topic=orders")["channels"],
+                   what="the ephemeral channel to go")
+        # And a deleted topic leaves the broker's list
+        b.topic_command("orders", "delete")
+        wait_until(lambda: _node_topics(web) == [[]], what="the topic to be withdrawn")
+    finally:
+        b.stop()
+    # A stopped broker leaves every lookup
+    wait_until(lambda: web.json("/nodes")["producers"] == [], what="the broker to leave")
+
+
+def test_a_topic_restored_at_start_is_registered(lookupd: Lookupd, tmp_path) -> None:
+    web = Http(lookupd.http_address)
+    b = Broker(broker_options(tmp_path / "data")).start()  # (no lookupd yet)
+    try:
+        b.topic_command("kept", "hello")
+        b.topic_command("kept", "create_channel", "c")
+    finally:
+        b.stop()
+    b = _broker(tmp_path, lookupd.tcp_address)
+    try:
+        wait_until(lambda: _producers(web, "kept"), what="the restored topic")
+        assert web.json("/channels?topic=kept") == {"channels": ["c"]}
+    finally:
+        b.stop()
+
+
+def test_a_new_topic_takes_the_channels_the_cluster_knows_before_its_first_message(
+        lookupd: Lookupd, tmp_path) -> None:
+    web = Http(lookupd.http_address)
+    # Given a channel that consumers of another broker read
+    assert web.call("POST", "/channel/create?topic=events&channel=billing")[0] == 200
+    assert web.call("POST", "/channel/create?topic=events&channel=tmp%23ephemeral")[0] == 200
+    b = _broker(tmp_path, lookupd.tcp_address)
+    try:
+        wait_until(lambda: web.json("/nodes")["producers"], what="the broker to identify")
+        # When the first message creates the topic here
+        b.publish("events", [b"first"])
+        # Then it went to that channel (the ephemeral one was not created)
+        stats = b.topic_stats("events")
+        assert [(c["channel_name"], c["depth"]) for c in stats["channels"]] == [("billing", 1)]
+    finally:
+        b.stop()
+
+
+def test_the_broker_announces_everything_again_when_its_lookup_daemon_comes_back(
+        lookupd: Lookupd, tmp_path) -> None:
+    web = Http(lookupd.http_address)
+    b = _broker(tmp_path, lookupd.tcp_address)
+    try:
+        b.topic_command("a", "hello")
+        b.topic_command("a", "create_channel", "c")
+        wait_until(lambda: _producers(web, "a"), what="the registration")
+        # When the lookup daemon's process is killed -9 (and comes back empty)
+        assert lookupd.supervisor is not None
+        (gateway,) = [p for p in lookupd.supervisor.ps() if p.name == "gateway"]
+        os.kill(gateway.pid, signal.SIGKILL)
+        wait_until(lambda: _ping(web), timeout=30, what="the lookup daemon again")
+        # Then the broker's next change finds the connection dead, reconnects and
+        # announces everything it has
+        b.topic_command("b", "hello")
+        wait_until(lambda: _producers(web, "a") and _producers(web, "b"), timeout=30,
+                   what="both topics again")
+        assert web.json("/channels?topic=a") == {"channels": ["c"]}
+    finally:
+        b.stop()
+
+
+def _ping(web: Http) -> bool:
+    try:
+        return web.call("GET", "/ping")[0] == 200
+    except OSError:
+        return False
+
+
+def test_our_broker_registers_with_the_real_nsqlookupd(tmp_path, processes) -> None:
+    binary = nsq_binary("nsqlookupd")
+    tcp, http = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    processes([binary, f"--tcp-address={tcp}", f"--http-address={http}",
+               "--broadcast-address=127.0.0.1"], tmp_path / "nsqlookupd.log")
+    web = Http(http)
+    wait_until(lambda: _ping(web), what="nsqlookupd")
+    assert web.call("POST", "/channel/create?topic=t&channel=known")[0] == 200
+    b = _broker(tmp_path, tcp)
+    try:
+        wait_until(lambda: web.json("/nodes")["producers"], what="the broker to identify")
+        b.publish("t", [b"m"])
+        b.topic_command("t", "create_channel", "mine")
+        found = wait_until(lambda: _producers(web, "t"), what="the registration")
+        assert found[0]["http_port"] == b.http_port
+        wait_until(lambda: sorted(web.json("/channels?topic=t")["channels"]) ==
+                   ["known", "mine"], what="both channels")
+        stats = b.topic_stats("t")
+        assert {c["channel_name"]: c["depth"] for c in stats["channels"]} == \
+            {"known": 1, "mine": 0}
+    finally:
+        b.stop()
