@@ -32,15 +32,30 @@ With ``auto_finish=False`` the handler only receives; the application calls
 micro-batch only after it is written).
 HEARTBEATs are answered with NOP; a broker silent for two heartbeat intervals
 is treated as gone and the session is rebuilt with capped backoff.
+
+**Discovery.**  Given ``lookupd_http_addresses``, a consumer asks every lookup
+daemon's ``/lookup?topic=`` at start and then every
+``lookupd_poll_interval`` seconds (60 s, go-nsq's default; the first repeat
+is jittered), opens a session to every broker listed (its ZeroMQ endpoint is
+``tcp://<broadcast_address>:<zmq_port>``: our brokers announce ``zmq_port``;
+an nsqd without one is skipped, saying so) and closes the sessions of brokers
+that no daemon lists any more.  A daemon that does not answer changes
+nothing.  ``max_in_flight`` is shared out as RDY over the sessions; with more
+brokers than ``max_in_flight``, RDY 1 goes to a window of them that moves
+every ``rdy_redistribute_interval`` seconds, as go-nsq redistributes.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import random
 import threading
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -266,6 +281,7 @@ class _Session:
         self.sock: zmq.Socket[Any] | None = None
         self.monitor: zmq.Socket[Any] | None = None
         self.left = False
+        self.stop = threading.Event()  # this session only (its broker left the lookups)
         self.thread = threading.Thread(target=self.run, name=f"consumer-{endpoint}", daemon=True)
 
     def send(self, command: Any, corr: bytes | None = None) -> None:
@@ -275,21 +291,27 @@ class _Session:
     def run(self) -> None:
         backoff = 0.05
         c = self.consumer
-        while not c.stopping.is_set():
+        while not self.stop.is_set():
             try:
                 self._session()
                 backoff = 0.05
             except (TimeoutError, zmq.ZMQError, BrokerRefused) as e:
                 log.warning("consumer session with %s ended: %s", self.endpoint, e)
             self._close_socket()
-            c.stopping.wait(backoff)
+            self.stop.wait(backoff)
             backoff = min(c.max_backoff, backoff * 2)
         self.leave()
 
     def leave(self) -> None:
         if not self.left:
             self.left = True
-            self.consumer.session_closing()
+            self.consumer.session_closing(self)
+
+    def set_rdy(self, count: int) -> None:
+        """A new share of ``max_in_flight`` (sent by the session's thread)."""
+        if count != self.rdy:
+            self.rdy = count
+            self.outbox.append(pc.Rdy(count))
 
     def _close_socket(self) -> None:
         if self.sock is not None:
@@ -319,7 +341,7 @@ class _Session:
         last_heard = time.monotonic()
         closing = False
         while True:
-            if c.stopping.is_set() and not closing:
+            if self.stop.is_set() and not closing:
                 self._flush()
                 self.send(pc.Cls(), b"#cls")
                 closing = True
@@ -383,17 +405,26 @@ class _Session:
 
 
 class Consumer:
-    """Subscribes `handler(message)` to `topic`/`channel` on every broker; see the docstring."""
+    """Subscribes `handler(message)` to `topic`/`channel` on every broker; see the docstring.
+
+    Brokers are given as ZeroMQ `endpoints`, or found through lookup daemons
+    (``lookupd_http_addresses``: ``host:port`` of their HTTP API, as go-nsq takes
+    them), or both.  See "Discovery" in the module docstring.
+    """
 
     def __init__(self, topic: str, channel: str, handler: Callable[[Message], None],
-                 endpoints: str | Sequence[str], *, max_in_flight: int = 200,
+                 endpoints: str | Sequence[str] = (), *, max_in_flight: int = 200,
                  heartbeat_interval_ms: int = 5000, msg_timeout_ms: int = 60_000,
                  max_requeue_delay_ms: int = 60_000, max_backoff: float = 5.0,
-                 client_id: str | None = None, auto_finish: bool = True) -> None:
+                 client_id: str | None = None, auto_finish: bool = True,
+                 lookupd_http_addresses: Sequence[str] = (),
+                 lookupd_poll_interval: float = 60.0, lookupd_poll_jitter: float = 0.3,
+                 rdy_redistribute_interval: float = 5.0) -> None:
         eps = [endpoints] if isinstance(endpoints, str) else list(endpoints)
-        if not eps:
-            raise ValueError("need at least one broker endpoint")
+        if not eps and not lookupd_http_addresses:
+            raise ValueError("need at least one broker endpoint or lookupd address")
         self.topic, self.channel, self.handler = topic, channel, handler
+        self.max_in_flight = max_in_flight
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.msg_timeout_ms = msg_timeout_ms
         self.max_requeue_delay_ms = max_requeue_delay_ms
@@ -403,28 +434,132 @@ class Consumer:
         self.ctx: zmq.Context[Any] = zmq.Context()
         self.stopping = threading.Event()
         self.handled = 0
-        per = max(1, max_in_flight // len(eps))
-        self.sessions = [_Session(self, e, per) for e in eps]
-        self._closing = threading.Condition()
-        self._open = len(self.sessions)
+        self.static = list(eps)
+        self.lookupds = list(lookupd_http_addresses)
+        self.poll_interval = lookupd_poll_interval
+        self.poll_jitter = lookupd_poll_jitter
+        self.redistribute_interval = rdy_redistribute_interval
+        self._lock = threading.Lock()  # sessions, and the close barrier
+        self.sessions: dict[str, _Session] = {}
+        self._closing = threading.Condition(self._lock)
+        self._open = 0
+        self._rotation = 0
+        self._started = False
+        self._discovery: threading.Thread | None = None
+        for e in eps:
+            self._add(e)
 
-    def session_closing(self) -> None:
-        """Called once by each session as it ends; waits (2 s at most) for the others.
+    # -- sessions -------------------------------------------------------------------
 
-        A session's socket closing makes the broker requeue its in-flight
-        messages, which would go straight to a sibling session still open and
-        count an attempt each time; so no session closes before all have
-        sent CLS (which stops deliveries to them).
-        """
+    def _add(self, endpoint: str) -> _Session | None:
+        """A session for `endpoint` (started if the consumer runs); None if it has one."""
+        with self._lock:
+            if endpoint in self.sessions or self.stopping.is_set():
+                return None
+            session = _Session(self, endpoint, 0)
+            self.sessions[endpoint] = session
+        self._share_rdy()
+        if self._started:
+            session.thread.start()
+        return session
+
+    def _remove(self, endpoint: str) -> None:
+        """Stop the session with a broker that left every lookup (CLS, then close)."""
+        with self._lock:
+            session = self.sessions.pop(endpoint, None)
+        if session is not None:
+            log.info("consumer: %s left the lookups; closing its session", endpoint)
+            session.stop.set()
+            self._share_rdy()
+
+    def _share_rdy(self) -> None:
+        """Spread ``max_in_flight`` over the sessions as RDY; with more brokers than
+        ``max_in_flight``, RDY 1 to a window of them that rotates (go-nsq's way)."""
+        with self._lock:
+            sessions = [self.sessions[e] for e in sorted(self.sessions)]
+            rotation = self._rotation
+        n = len(sessions)
+        if not n:
+            return
+        if n <= self.max_in_flight:
+            share, extra = divmod(self.max_in_flight, n)
+            for i, session in enumerate(sessions):
+                session.set_rdy(share + (1 if i < extra else 0))
+            return
+        window = {(rotation + i) % n for i in range(self.max_in_flight)}
+        for i, session in enumerate(sessions):
+            session.set_rdy(1 if i in window else 0)
+
+    def session_closing(self, session: _Session) -> None:
+        """Called once by each session as it ends.  While the consumer closes, it waits
+        (2 s at most) for the others: a session's socket closing makes the broker
+        requeue its in-flight messages, which would go straight to a sibling session
+        still open and count an attempt each time, so no session closes before all
+        have sent CLS (which stops deliveries to them)."""
+        if not self.stopping.is_set():
+            return  # (one broker left the lookups: nothing to wait for)
         with self._closing:
             self._open -= 1
             self._closing.notify_all()
             self._closing.wait_for(lambda: self._open <= 0, timeout=2.0)
 
+    # -- discovery ------------------------------------------------------------------
+
+    def _discover(self) -> None:
+        """Poll every lookup daemon's /lookup (after a jittered first wait); add the
+        brokers that have the topic, remove the ones no daemon lists any more; rotate
+        RDY when brokers outnumber ``max_in_flight``."""
+        wait = random.random() * self.poll_jitter * self.poll_interval
+        next_poll = time.monotonic() + wait
+        next_rotation = time.monotonic() + self.redistribute_interval
+        while not self.stopping.wait(max(0.0, min(next_poll, next_rotation)
+                                         - time.monotonic())):
+            now = time.monotonic()
+            if now >= next_rotation:
+                next_rotation = now + self.redistribute_interval
+                if len(self.sessions) > self.max_in_flight:
+                    with self._lock:
+                        self._rotation += self.max_in_flight
+                    self._share_rdy()
+            if now >= next_poll:
+                next_poll = now + self.poll_interval
+                self.poll_lookupds()
+
+    def poll_lookupds(self) -> None:
+        """Ask every lookup daemon where the topic lives, now, and follow the answer.
+        A daemon that does not answer changes nothing (the others still count)."""
+        found: set[str] = set()
+        answered = 0
+        for address in self.lookupds:
+            try:
+                producers = lookup(address, self.topic)
+            except (OSError, ValueError) as e:
+                log.warning("consumer: lookupd %s: %s", address, e)
+                continue
+            answered += 1
+            for p in producers:
+                endpoint = zmq_endpoint(p)
+                if endpoint is None:
+                    log.warning("consumer: broker %s:%s has no ZeroMQ port (nsqd?); "
+                                "skipped", p.get("broadcast_address"), p.get("tcp_port"))
+                else:
+                    found.add(endpoint)
+        for endpoint in sorted(found):
+            self._add(endpoint)
+        if answered:
+            with self._lock:
+                gone = [e for e in self.sessions if e not in found and e not in self.static]
+            for endpoint in gone:
+                self._remove(endpoint)
+
+    # -- life -----------------------------------------------------------------------
+
     def pause(self, timeout: float = 2.0) -> None:
         """RDY 0 on every session; returns once each has sent it (or after `timeout`)."""
         sent = []
-        for s in self.sessions:
+        with self._lock:
+            sessions = list(self.sessions.values())
+        for s in sessions:
             s.rdy = 0
             marker = threading.Event()
             s.outbox.extend((pc.Rdy(0), marker))
@@ -433,17 +568,37 @@ class Consumer:
         for marker in sent:
             marker.wait(max(0.0, deadline - time.monotonic()))
 
+    def resume(self) -> None:
+        """After :meth:`pause`: share ``max_in_flight`` out as RDY again."""
+        self._share_rdy()
+
     def start(self) -> Consumer:
-        for s in self.sessions:
+        if self.lookupds:
+            self.poll_lookupds()  # (the first poll at once: the jitter is for the next)
+        with self._lock:
+            self._started = True
+            sessions = list(self.sessions.values())
+        for s in sessions:
             s.thread.start()
+        if self.lookupds:
+            self._discovery = threading.Thread(target=self._discover, daemon=True,
+                                               name=f"consumer-lookupd-{self.topic}")
+            self._discovery.start()
         return self
 
     def close(self, timeout: float = 5.0) -> None:
         """CLS every session, wait for the threads, close the sockets."""
-        self.stopping.set()
-        for s in self.sessions:
+        with self._lock:
+            self.stopping.set()
+            sessions = list(self.sessions.values())
+            self._open = sum(1 for s in sessions if s.thread.is_alive())
+        for s in sessions:
+            s.stop.set()
+        for s in sessions:
             if s.thread.is_alive():
                 s.thread.join(timeout)
+        if self._discovery is not None:
+            self._discovery.join(timeout)
         self.ctx.term()
 
     def __enter__(self) -> Consumer:
@@ -453,4 +608,32 @@ class Consumer:
         self.close()
 
 
-__all__ = ["BrokerRefused", "ClientError", "Consumer", "Message", "Producer", "PublishError"]
+def lookup(address: str, topic: str, timeout: float = 5.0) -> list[dict[str, Any]]:
+    """The producers a lookup daemon (``host:port`` of its HTTP API) lists for `topic`
+    (``[]`` for a topic it does not know); OSError or ValueError if it cannot say."""
+    url = f"http://{address}/lookup?topic={urllib.parse.quote(topic, safe='')}"
+    request = urllib.request.Request(
+        url, headers={"Accept": "application/vnd.nsq; version=1.0"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
+            body = json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        if e.code == 404:  # TOPIC_NOT_FOUND
+            return []
+        raise
+    if isinstance(body, dict) and "data" in body:  # (nsqlookupd 0.x's envelope)
+        body = body["data"]
+    return [p for p in body.get("producers", ()) if isinstance(p, dict)]
+
+
+def zmq_endpoint(producer: dict[str, Any]) -> str | None:
+    """Our ZeroMQ endpoint for a producer of a lookup answer (None: not one of ours)."""
+    port = producer.get("zmq_port")
+    if not port:
+        return None
+    host = str(producer.get("broadcast_address") or "127.0.0.1")
+    return f"tcp://{host}:{int(port)}"
+
+
+__all__ = ["BrokerRefused", "ClientError", "Consumer", "Message", "Producer", "PublishError",
+           "lookup", "zmq_endpoint"]

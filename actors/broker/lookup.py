@@ -20,7 +20,10 @@ topics and channels, and keeps its lookup daemon told:
 * **changes** are sent as they come; the ones queued behind each other go out
   in one write, and their answers are read together.
 * **PING** every 15 s; a failed write or read, or an ``E_*`` answer, closes
-  the connection and starts the reconnection.
+  the connection and starts the reconnection.  Unlike nsqd, which finds a
+  lookup daemon gone only at its next PING, the actor also looks every second
+  (a non-blocking ``select``) whether the daemon closed the connection, so a
+  restarted daemon is told everything again within about a second.
 
 Each exchange is a blocking socket call with nsqd's 1 s deadline, run on the
 node's I/O pool (``Actor.blocking``): the actor parks, the gateway's
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import json
 import logging
+import select
 import socket
 import time
 import urllib.parse
@@ -72,6 +76,8 @@ PING_INTERVAL = 15.0
 """nsqd's: a PING to every lookup daemon every 15 s."""
 IO_TIMEOUT = 1.0
 """nsqd's deadline for each exchange with a lookup daemon."""
+WATCH_INTERVAL = 1.0
+"""How often a connection is looked at for the daemon having closed it."""
 HTTP_TIMEOUT = 2.0
 """For ``/channels`` when a topic is created."""
 _FIRST_RETRY = 0.1
@@ -101,6 +107,12 @@ class _Tick:
     """Ping now (connected), or connect now (not connected)."""
 
     retry: bool = False
+
+
+@message
+@dataclass(frozen=True)
+class _Watch:
+    """Look whether the daemon closed the connection (every second, without blocking)."""
 
 
 def lookup_names(options: BrokerOptions) -> list[str]:
@@ -137,6 +149,7 @@ class LookupActor(Actor):
         self.tell_later(0, _Tick(retry=True))
         self.retry_scheduled = True
         self.tell_later(PING_INTERVAL, _Tick())
+        self.tell_later(WATCH_INTERVAL, _Watch())
 
     def on_stop(self) -> None:
         self._close()  # (nsqd does not UNREGISTER at shutdown: the daemon sees the EOF)
@@ -169,6 +182,13 @@ class LookupActor(Actor):
                 self._change(topic, channel, gone)
             case _Tick(retry=retry):
                 self._tick(retry)
+            case _Watch():
+                self.tell_later(WATCH_INTERVAL, _Watch())
+                if self.sock is not None and _closed_by_peer(self.sock):
+                    log.warning("%s: the lookup daemon closed the connection; reconnecting",
+                                self.name)
+                    self._close()
+                    self._connect()
             case ChannelsOf(topic=topic):
                 reply = self._channels_of(topic)
             case _:
@@ -304,6 +324,19 @@ class LookupActor(Actor):
         except (OSError, ValueError, AttributeError) as e:
             log.warning("%s: GET %s failed: %s", self.name, url, e)
             return []
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    """Whether the other end closed `sock` (or it failed), without blocking."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        if not readable:
+            return False
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
 
 
 def _dial(address: str) -> socket.socket:
