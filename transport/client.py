@@ -12,8 +12,9 @@ producer can keep many requests in flight on one socket and match each OK or
 ERROR to its request: ``publish`` waits for its own answer, and
 ``publish_batch`` sends its batches as several MPUBs back to back and then
 collects all the answers (internal batching: one round trip for a whole
-batch of batches).  Brokers are used round-robin.  A broker that does not
-answer in ``timeout`` seconds is marked down for a capped exponential
+batch of batches).  Brokers are used round-robin, from a random one.  A
+broker that does not answer in ``timeout`` seconds is marked down for a
+capped exponential
 backoff and the request is retried on the next broker; only the requests
 that were not answered are sent again.  When every broker has failed
 ``max_attempts`` times (and ``retry_for`` seconds have passed, if set) the
@@ -120,7 +121,10 @@ class Producer:
             raise ValueError("need at least one broker endpoint")
         self._ctx: zmq.Context[Any] = zmq.Context()
         self._brokers = [_Broker(e) for e in eps]
-        self._next = itertools.cycle(range(len(eps)))
+        # round-robin from a random broker: many short-lived producers (Spark tasks)
+        # spread their first publishes instead of all starting on the first broker
+        start = random.randrange(len(eps))
+        self._next = itertools.cycle([*range(start, len(eps)), *range(start)])
         self._corr = itertools.count(1)
         self.timeout = timeout
         self.max_attempts = max_attempts
@@ -419,7 +423,8 @@ class Consumer:
                  client_id: str | None = None, auto_finish: bool = True,
                  lookupd_http_addresses: Sequence[str] = (),
                  lookupd_poll_interval: float = 60.0, lookupd_poll_jitter: float = 0.3,
-                 rdy_redistribute_interval: float = 5.0) -> None:
+                 rdy_redistribute_interval: float = 5.0,
+                 connections_per_broker: int = 1) -> None:
         eps = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not eps and not lookupd_http_addresses:
             raise ValueError("need at least one broker endpoint or lookupd address")
@@ -439,6 +444,7 @@ class Consumer:
         self.poll_interval = lookupd_poll_interval
         self.poll_jitter = lookupd_poll_jitter
         self.redistribute_interval = rdy_redistribute_interval
+        self.connections_per_broker = max(1, connections_per_broker)
         self._lock = threading.Lock()  # sessions, and the close barrier
         self.sessions: dict[str, _Session] = {}
         self._closing = threading.Condition(self._lock)
@@ -451,25 +457,34 @@ class Consumer:
 
     # -- sessions -------------------------------------------------------------------
 
-    def _add(self, endpoint: str) -> _Session | None:
-        """A session for `endpoint` (started if the consumer runs); None if it has one."""
+    def _add(self, endpoint: str) -> None:
+        """``connections_per_broker`` sessions to `endpoint` (started if the consumer
+        runs), unless it has them."""
+        added = []
         with self._lock:
-            if endpoint in self.sessions or self.stopping.is_set():
-                return None
-            session = _Session(self, endpoint, 0)
-            self.sessions[endpoint] = session
+            if self.stopping.is_set():
+                return
+            for i in range(self.connections_per_broker):
+                key = f"{endpoint}#{i}"
+                if key not in self.sessions:
+                    self.sessions[key] = _Session(self, endpoint, 0)
+                    added.append(self.sessions[key])
+        if not added:
+            return
         self._share_rdy()
         if self._started:
-            session.thread.start()
-        return session
+            for session in added:
+                session.thread.start()
 
     def _remove(self, endpoint: str) -> None:
-        """Stop the session with a broker that left every lookup (CLS, then close)."""
+        """Stop the sessions with a broker that left every lookup (CLS, then close)."""
         with self._lock:
-            session = self.sessions.pop(endpoint, None)
-        if session is not None:
+            gone = [self.sessions.pop(k) for k in list(self.sessions)
+                    if self.sessions[k].endpoint == endpoint]
+        if gone:
             log.info("consumer: %s left the lookups; closing its session", endpoint)
-            session.stop.set()
+            for session in gone:
+                session.stop.set()
             self._share_rdy()
 
     def _share_rdy(self) -> None:
@@ -548,7 +563,8 @@ class Consumer:
             self._add(endpoint)
         if answered:
             with self._lock:
-                gone = [e for e in self.sessions if e not in found and e not in self.static]
+                gone = {s.endpoint for s in self.sessions.values()
+                        if s.endpoint not in found and s.endpoint not in self.static}
             for endpoint in gone:
                 self._remove(endpoint)
 
@@ -611,8 +627,35 @@ class Consumer:
 def lookup(address: str, topic: str, timeout: float = 5.0) -> list[dict[str, Any]]:
     """The producers a lookup daemon (``host:port`` of its HTTP API) lists for `topic`
     (``[]`` for a topic it does not know); OSError or ValueError if it cannot say."""
-    url = f"http://{address}/lookup?topic={urllib.parse.quote(topic, safe='')}"
-    request = urllib.request.Request(
+    return _producers(f"http://{address}/lookup?topic={urllib.parse.quote(topic, safe='')}",
+                      timeout)
+
+
+def nodes(address: str, timeout: float = 5.0) -> list[dict[str, Any]]:
+    """Every live broker a lookup daemon knows (``/nodes``), whatever its topics."""
+    return _producers(f"http://{address}/nodes", timeout)
+
+
+def discover(lookupd_http_addresses: Sequence[str], topic: str | None = None,
+             timeout: float = 5.0) -> list[str]:
+    """The ZeroMQ endpoints of our brokers the lookup daemons list (that have `topic`,
+    or all of them); OSError if no daemon answers."""
+    found: set[str] = set()
+    errors = []
+    for address in lookupd_http_addresses:
+        try:
+            producers = lookup(address, topic, timeout) if topic else nodes(address, timeout)
+        except (OSError, ValueError) as e:
+            errors.append(f"{address}: {e}")
+            continue
+        found.update(e for e in map(zmq_endpoint, producers) if e)
+    if errors and len(errors) == len(lookupd_http_addresses):
+        raise OSError("no lookup daemon answered: " + "; ".join(errors))
+    return sorted(found)
+
+
+def _producers(url: str, timeout: float) -> list[dict[str, Any]]:
+    request = urllib.request.Request(  # noqa: S310 - always http://, built above
         url, headers={"Accept": "application/vnd.nsq; version=1.0"})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
@@ -636,4 +679,4 @@ def zmq_endpoint(producer: dict[str, Any]) -> str | None:
 
 
 __all__ = ["BrokerRefused", "ClientError", "Consumer", "Message", "Producer", "PublishError",
-           "lookup", "zmq_endpoint"]
+           "discover", "lookup", "nodes", "zmq_endpoint"]

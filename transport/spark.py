@@ -59,7 +59,7 @@ import msgpack
 from pyspark import TaskContext
 from pyspark.sql import types as t
 
-from transport.client import Consumer, Message, Producer
+from transport.client import Consumer, Message, Producer, PublishError, discover
 from transport.protocol.validation import ProtocolError, check_topic
 
 log = logging.getLogger(__name__)
@@ -150,11 +150,15 @@ class PublishCounters:
         return {f.name: getattr(self, f.name).value for f in dataclasses.fields(self)}
 
 
-def _addresses(endpoints: str | Sequence[str]) -> tuple[str, ...]:
+def _addresses(endpoints: str | Sequence[str], lookupds: Sequence[str] = ()
+               ) -> tuple[str, ...]:
+    """Endpoints as a tuple (from a list or a comma-separated string); at least one of
+    them or of the lookup daemons is needed."""
     eps = tuple(e.strip() for e in endpoints.split(",")) if isinstance(endpoints, str) \
         else tuple(endpoints)
-    if not eps or not all(eps):
-        raise ValueError("need at least one broker endpoint (tcp://host:port)")
+    if not all(eps) or not (eps or lookupds):
+        raise ValueError("need at least one broker endpoint (tcp://host:port) or "
+                         "lookupd_http_addresses")
     return eps
 
 
@@ -163,11 +167,15 @@ class PartitionPublisher:
     """``rdd.foreachPartition(PartitionPublisher("topic", "tcp://broker:4153"))``.
 
     ``endpoints`` is one ``tcp://host:port`` ZeroMQ address, a list of them or
-    a comma-separated string; they are used round-robin.
+    a comma-separated string; they are used round-robin.  With
+    ``lookupd_http_addresses`` (``host:port`` of lookup daemons' HTTP APIs) each
+    task also publishes to every broker the daemons list (``/nodes``), asked
+    when the task starts.
     """
 
     topic: str
-    endpoints: str | Sequence[str]
+    endpoints: str | Sequence[str] = ()
+    lookupd_http_addresses: Sequence[str] = ()
     serializer: str | Serializer = "json"
     batch_size: int = 2000          # messages per MPUB (and at most 4 MiB of them)
     batches_in_flight: int = 8      # MPUBs pipelined before waiting for their answers
@@ -179,7 +187,9 @@ class PartitionPublisher:
     counters: PublishCounters | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "endpoints", _addresses(self.endpoints))
+        object.__setattr__(self, "lookupd_http_addresses", tuple(self.lookupd_http_addresses))
+        object.__setattr__(self, "endpoints",
+                           _addresses(self.endpoints, self.lookupd_http_addresses))
         # fail on the driver, not in every task
         _serializer(self.serializer)
         for topic in filter(None, (self.topic, self.bad_rows_topic)):
@@ -195,7 +205,12 @@ class PartitionPublisher:
         chunk = self.batch_size * self.batches_in_flight
         published = retried = 0
         bad: list[bytes] = []
-        with Producer(self.endpoints, timeout=self.timeout, max_attempts=1,
+        endpoints = list(self.endpoints)
+        if self.lookupd_http_addresses:
+            endpoints += [e for e in discover(self.lookupd_http_addresses) if e not in endpoints]
+            if not endpoints:
+                raise PublishError("no broker: the lookup daemons list none")
+        with Producer(endpoints, timeout=self.timeout, max_attempts=1,
                       max_backoff=self.max_backoff, retry_for=self.retry_for) as producer:
             bodies: list[bytes] = []
             for index, row in enumerate(rows):
@@ -304,11 +319,14 @@ class TopicReader:
     downstream job drop the duplicates at-least-once delivery allows.
     """
 
-    def __init__(self, spark: Any, topic: str, channel: str, endpoints: str | Sequence[str], *,
+    def __init__(self, spark: Any, topic: str, channel: str,
+                 endpoints: str | Sequence[str] = (), *,
                  schema: Any = None, deserializer: str | Deserializer = "json",
                  batch_size: int = 10_000, batch_timeout: float = 5.0,
                  idle_timeout: float | None = 10.0, rdy_per_connection: int = 2500,
-                 msg_timeout_ms: int = 120_000, metadata: bool = False) -> None:
+                 msg_timeout_ms: int = 120_000, metadata: bool = False,
+                 lookupd_http_addresses: Sequence[str] = (),
+                 lookupd_poll_interval: float = 60.0) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be positive")
         self.spark = spark
@@ -326,11 +344,15 @@ class TopicReader:
         self.idle_timeout = idle_timeout
         self.metadata = metadata
         self._arrived: queue.SimpleQueue[Message] = queue.SimpleQueue()
-        eps = _addresses(endpoints)
-        per_broker = math.ceil(batch_size / (len(eps) * rdy_per_connection))
-        self.consumer = Consumer(topic, channel, self._arrived.put, list(eps) * per_broker,
+        eps = _addresses(endpoints, lookupd_http_addresses)
+        # (with lookup daemons the brokers are not known yet: room for one to take all)
+        brokers = len(eps) if eps and not lookupd_http_addresses else 1
+        per_broker = math.ceil(batch_size / (brokers * rdy_per_connection))
+        self.consumer = Consumer(topic, channel, self._arrived.put, list(eps),
                                  max_in_flight=batch_size, msg_timeout_ms=msg_timeout_ms,
-                                 auto_finish=False)
+                                 auto_finish=False, connections_per_broker=per_broker,
+                                 lookupd_http_addresses=lookupd_http_addresses,
+                                 lookupd_poll_interval=lookupd_poll_interval)
         self._pending: Batch | None = None
         self._started = False
 
@@ -490,6 +512,8 @@ def drain_to_parquet(spark: Any, topic: str, channel: str, endpoints: str | Sequ
     cannot be decoded are written to ``<path>/_bad_messages`` (id, body,
     error), which Spark's readers skip as a hidden directory.  Stops when
     the topic stays idle for ``idle_timeout`` or after ``max_rows`` rows.
+    ``endpoints`` may be ``()`` with ``lookupd_http_addresses=[...]`` among the
+    reader options: the drain then reads from every broker that has the topic.
     """
     result = DrainResult()
     bad_schema = t.StructType([t.StructField("id", t.StringType()),

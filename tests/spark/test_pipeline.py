@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from pyspark.sql import functions as F
 
+from tests.chaos.harness import BrokerProcess
 from tests.spark.conftest import start_broker
-from transport.client import Producer
+from transport.client import Producer, discover
 from transport.spark import (
     PartitionPublisher,
     PublishCounters,
@@ -221,3 +222,38 @@ def test_drain_keeps_messages_it_cannot_read_aside(spark, broker, tmp_path):
     channel = broker.stats("mixed")["topics"][0]["channels"][0]
     assert channel["depth"] == 0
     assert channel["in_flight_count"] == 0
+
+
+def test_a_cluster_found_through_a_lookup_daemon_takes_and_gives_back_every_row(
+        spark, tmp_path):
+    from actors.lookupd import Lookupd, LookupdOptions
+    from tests.lookupd.conftest import free_port
+
+    # Given two brokers registered with a lookup daemon, and no endpoint known to Spark
+    with Lookupd(LookupdOptions(tcp_address=f"127.0.0.1:{free_port()}",
+                                http_address=f"127.0.0.1:{free_port()}",
+                                broadcast_address="127.0.0.1", log_level="warn")) as lookupd:
+        brokers = [BrokerProcess(tmp_path / f"b{i}", tmp_path / f"b{i}.log", extra_args=(
+            "--msg-timeout", "60s", "--broadcast-address", "127.0.0.1",
+            "--lookupd-tcp-address", lookupd.tcp_address)) for i in range(2)]
+        try:
+            for b in brokers:
+                b.start()
+            lookupds = [lookupd.http_address]
+            wait_until(lambda: len(discover(lookupds)) == 2, 30, "both brokers")
+            # When a DataFrame is published through the lookup daemon
+            # (200-row batches, one at a time: each task's 1,000 rows go round-robin)
+            PartitionPublisher("cluster", lookupd_http_addresses=lookupds, batch_size=200,
+                               batches_in_flight=1).publish(rows_df(spark, 4000, partitions=4))
+            # Then both brokers took rows, and the drain reads them all from both
+            depths = [b.stats("cluster")["topics"][0]["message_count"] for b in brokers]
+            assert sum(depths) == 4000
+            assert min(depths) > 0, depths
+            result = drain_to_parquet(spark, "cluster", "parquet", (), str(tmp_path / "out"),
+                                      schema=SCHEMA, idle_timeout=3,
+                                      lookupd_http_addresses=lookupds)
+            assert sorted(read_ids(spark, tmp_path / "out")) == list(range(4000))
+            assert result.rows == 4000
+        finally:
+            for b in brokers:
+                b.stop()
