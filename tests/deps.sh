@@ -1,13 +1,18 @@
 #!/bin/sh
-# Installs, once, the Debian packages the test suite needs beyond PyPI: libzmq's
-# headers and a compiler for the C example client, and FUSE 3 for the power-cut
-# rig (tests/power; it skips, saying why, where FUSE cannot be mounted).
+# Installs, once, what the test suite needs beyond PyPI: from Debian, libzmq's headers
+# and a compiler for the C example client, and FUSE 3 for the power-cut rig
+# (tests/power; it skips, saying why, where FUSE cannot be mounted); from npm, nsqjs
+# for the client-compatibility test of the lookup daemon (tests/lookupd/nsqjs; it
+# skips, saying why, where npm is missing).
 set -e
-if pkg-config --exists libzmq 2>/dev/null && command -v cc >/dev/null 2>&1 \
-        && command -v fusermount3 >/dev/null 2>&1; then
-    exit 0
+cd "$(dirname "$0")/.."
+if ! { pkg-config --exists libzmq 2>/dev/null && command -v cc >/dev/null 2>&1 \
+        && command -v fusermount3 >/dev/null 2>&1; }; then
+    SUDO=""
+    [ "$(id -u)" = 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq libzmq3-dev pkg-config gcc fuse3 >/dev/null
 fi
-SUDO=""
-[ "$(id -u)" = 0 ] || SUDO="sudo"
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq libzmq3-dev pkg-config gcc fuse3 >/dev/null
+if command -v npm >/dev/null 2>&1 && [ ! -d tests/lookupd/nsqjs/node_modules/nsqjs ]; then
+    npm ci --prefix tests/lookupd/nsqjs --no-audit --no-fund --loglevel=error >/dev/null
+fi

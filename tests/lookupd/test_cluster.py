@@ -160,3 +160,39 @@ def test_our_broker_registers_with_the_real_nsqlookupd(tmp_path, processes) -> N
             {"known": 1, "mine": 0}
     finally:
         b.stop()
+
+
+def test_the_real_nsqadmin_shows_and_deletes_through_our_lookupd_and_broker(
+        lookupd: Lookupd, tmp_path, processes) -> None:
+    binary = nsq_binary("nsqadmin")
+    web = Http(lookupd.http_address)
+    b = _broker(tmp_path, lookupd.tcp_address)
+    try:
+        b.publish("shown", [b"a", b"b"])
+        b.topic_command("shown", "create_channel", "c")
+        wait_until(lambda: _producers(web, "shown"), what="the registration")
+        admin_port = free_port()
+        processes([binary, f"--http-address=127.0.0.1:{admin_port}",
+                   f"--lookupd-http-address={lookupd.http_address}"], tmp_path / "admin.log")
+        admin = Http(f"127.0.0.1:{admin_port}")
+        wait_until(lambda: _ping(admin), what="nsqadmin")
+        # nsqadmin lists our broker and its topic, and reads the topic's stats from it
+        nodes = admin.json("/api/nodes")["nodes"]
+        assert [(n["broadcast_address"], n["http_port"]) for n in nodes] == \
+            [("127.0.0.1", b.http_port)]
+        assert admin.json("/api/topics")["topics"] == ["shown"]
+        topic = admin.json("/api/topics/shown")
+        assert topic["message_count"] == 2
+        assert [(c["channel_name"], c["depth"]) for c in topic["channels"]] == [("c", 2)]
+        # and its delete goes to the broker and to the lookup daemon
+        assert admin.call("DELETE", "/api/topics/shown")[0] == 200
+        wait_until(lambda: web.json("/topics") == {"topics": []}, what="lookupd's delete")
+        wait_until(lambda: not _topic_exists(b, "shown"), what="the broker's delete")
+    finally:
+        b.stop()
+
+
+def _topic_exists(b: Broker, topic: str) -> bool:
+    _, _, body = Http(f"127.0.0.1:{b.http_port}").call(
+        "GET", f"/stats?format=json&topic={topic}")
+    return bool(json.loads(body).get("topics"))
