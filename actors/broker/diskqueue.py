@@ -258,6 +258,23 @@ class DiskQueueActor(Actor):
     def on_stop(self) -> None:
         self._close()
 
+    def on_failure(self, *exc_info: Any) -> None:
+        """This instance crashed: let go of its files as a crash would, so the next
+        instance can open them (SQLite's lock on the delayed store, the queue's maps
+        and fds).  No fsync and no clean-close record: the next open recovers by
+        scanning, since this instance's idea of its files may be what failed."""
+        queue, delayed, self.queue, self.delayed = self.queue, self.delayed, None, None
+        try:
+            if queue is not None:
+                queue.close(sync=False)
+        except Exception:
+            log.exception("%s: releasing the queue after a crash failed", self.name)
+        try:
+            if delayed is not None:
+                delayed.close()
+        except Exception:
+            log.exception("%s: releasing the delayed store after a crash failed", self.name)
+
     def _close(self, *, sync: bool = True) -> None:
         if self.queue is not None:
             self.queue.close(sync=sync)

@@ -446,3 +446,28 @@ def test_an_idle_disk_queue_closes_its_files_and_reopens_them_on_the_next_messag
     c.fin_all()
     wait_for(lambda: _channel_stats(b, "idle3", "ch")["in_flight_count"] == 0, 5, "the FINs")
     assert _channel_stats(b, "idle3", "ch")["depth"] == 0
+
+
+def test_a_crashed_disk_queue_actor_lets_go_of_its_files_and_its_restart_opens_them(
+        start_broker):
+    # A crashed instance kept its delayed store's SQLite lock and its queue's files: each
+    # new instance failed to open them, and the crash loop escalated to a node restart.
+    b = start_broker(debug_hooks=True)
+    b.topic_command("t", "hello")
+    b.topic_command("t", "create_channel", "c")
+    b.publish("t", [b"later"], defer_ms=600_000)  # (the channel's delayed store exists)
+    b.publish("t", [b"now"])
+    wait_for(lambda: _channel_stats(b, "t", "c")["deferred_count"] == 1, what="deferred")
+    worker = next(p for p in b.supervisor.ps() if p.name == "worker-0")
+    # When the channel's disk-queue actor crashes
+    b.supervisor.crash("diskqueue:t/c")
+    # Then it alone restarts (not its node), and the queue and the store still serve
+    wait_for(lambda: next(a for a in b.supervisor.actors()
+                          if a.name == "diskqueue:t/c").restarts == 1, what="the restart")
+    c = Client(b, "c").sub("t", "c")
+    c.wait_messages(1)
+    assert c.bodies() == [b"now"]
+    stats = _channel_stats(b, "t", "c")
+    assert (stats["deferred_count"], stats["depth"]) == (1, 0)
+    assert next(p for p in b.supervisor.ps() if p.name == "worker-0").pid == worker.pid
+    assert next(a for a in b.supervisor.actors() if a.name == "diskqueue:t/c").restarts == 1
