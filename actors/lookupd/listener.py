@@ -11,6 +11,7 @@ A listen that fails is reported by ``ListenerInfo``, never a crash loop.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import secrets
@@ -112,43 +113,59 @@ class _Bridge:
 
 
 class RegistrarFacade:
-    """The HTTP API's view of the registrar: each call is an ask."""
+    """The HTTP API's view of the registrar: each call an ask, awaited on the HTTP
+    loop (the registrar is in this process: its answer is handed to the loop, with
+    no thread parked waiting for it)."""
 
-    def _ask(self, what: str, topic: str = "", channel: str = "", node: str = "") -> Any:
-        return current_endpoint().ask(REGISTRAR, Query(what, topic, channel, node),
-                                      ASK_TIMEOUT)
+    async def _ask(self, what: str, topic: str = "", channel: str = "",
+                   node: str = "") -> Any:
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[Any] = loop.create_future()
 
-    def lookup(self, topic: str) -> dict[str, Any] | None:
-        return self._ask("lookup", topic)
+        def on_done(value: Any, exc: BaseException | None) -> None:
+            def settle() -> None:
+                if answer.done():
+                    return
+                if exc is None:
+                    answer.set_result(value)
+                else:
+                    answer.set_exception(exc)
+            loop.call_soon_threadsafe(settle)
 
-    def topics(self) -> list[str]:
-        return self._ask("topics")
+        current_endpoint().ask_local(REGISTRAR, Query(what, topic, channel, node), on_done)
+        return await asyncio.wait_for(answer, ASK_TIMEOUT)
 
-    def channels(self, topic: str) -> list[str]:
-        return self._ask("channels", topic)
+    async def lookup(self, topic: str) -> dict[str, Any] | None:
+        return await self._ask("lookup", topic)
 
-    def nodes(self) -> list[dict[str, Any]]:
-        return self._ask("nodes")
+    async def topics(self) -> list[str]:
+        return await self._ask("topics")
 
-    def debug(self) -> dict[str, list[dict[str, Any]]]:
-        return self._ask("debug")
+    async def channels(self, topic: str) -> list[str]:
+        return await self._ask("channels", topic)
 
-    def topic_create(self, topic: str) -> None:
-        self._ask("topic_create", topic)
+    async def nodes(self) -> list[dict[str, Any]]:
+        return await self._ask("nodes")
 
-    def topic_delete(self, topic: str) -> None:
-        self._ask("topic_delete", topic)
+    async def debug(self) -> dict[str, list[dict[str, Any]]]:
+        return await self._ask("debug")
 
-    def channel_create(self, topic: str, channel: str) -> None:
-        self._ask("channel_create", topic, channel)
+    async def topic_create(self, topic: str) -> None:
+        await self._ask("topic_create", topic)
 
-    def channel_delete(self, topic: str, channel: str) -> bool:
-        return bool(self._ask("channel_delete", topic, channel))
+    async def topic_delete(self, topic: str) -> None:
+        await self._ask("topic_delete", topic)
 
-    def tombstone(self, topic: str, node: str) -> None:
-        self._ask("tombstone", topic, node=node)
+    async def channel_create(self, topic: str, channel: str) -> None:
+        await self._ask("channel_create", topic, channel)
 
-    def info(self) -> dict[str, Any]:
+    async def channel_delete(self, topic: str, channel: str) -> bool:
+        return bool(await self._ask("channel_delete", topic, channel))
+
+    async def tombstone(self, topic: str, node: str) -> None:
+        await self._ask("tombstone", topic, node=node)
+
+    async def info(self) -> dict[str, Any]:
         return {"version": version()}
 
 

@@ -54,7 +54,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import zmq
@@ -71,7 +71,7 @@ from actors.runtime.errors import (
     RuntimeNotRunning,
     UnknownActor,
 )
-from actors.runtime.future import Future
+from actors.runtime.future import CallbackFuture, Future
 from actors.runtime.inbox import Batch
 from actors.runtime.options import RuntimeOptions
 from actors.runtime.placement import Placement
@@ -518,6 +518,19 @@ class Endpoint:
                 msg = f"no reply from {name} within {timeout}s"
                 raise AskTimeout(msg) from e
         return self._ask_remote(node, name, message, timeout)
+
+    def ask_local(self, name: str, message: Any,
+                  on_done: Callable[[Any, BaseException | None], None]) -> None:
+        """Ask an actor of this process without waiting: ``on_done(reply, None)`` or
+        ``on_done(None, exception)`` is called on the thread that answers (an actor's
+        dispatcher thread: keep it short).  For an event loop, which must not block on
+        a future: it hands the answer over with ``call_soon_threadsafe``.  The caller
+        bounds the wait itself.  ValueError for a name this process does not host."""
+        if self.placement.node_for(name) != self.node or self.host is None:
+            msg = f"{name} is not hosted by this process ({self.node})"
+            raise ValueError(msg)
+        self.host.deliver(name, PykkaEnvelope(message, reply_to=CallbackFuture(on_done)),
+                          self.options.send_timeout)
 
     def _ask_remote(self, node: str, name: str, message: Any, timeout: float) -> Any:
         """Send an ASK naming this node and a request id, then wait for the reply.

@@ -18,7 +18,7 @@ import pykka
 
 from actors.runtime.dispatcher import Waiter
 
-__all__ = ["Future"]
+__all__ = ["CallbackFuture", "Future"]
 
 _UNSET = object()
 
@@ -61,3 +61,20 @@ class Future(pykka.Future[Any]):
         self._exc_info = exc_info or sys.exc_info()
         self._value = None
         self._waiter.wake()
+
+
+class CallbackFuture(Future):
+    """A future that also calls ``on_done(value, exc)`` once completed (on the
+    completing thread): how a thread that must not block (an event loop) asks."""
+
+    def __init__(self, on_done: Any) -> None:
+        super().__init__()
+        self._on_done = on_done
+
+    def set(self, value: Any = None) -> None:
+        super().set(value)
+        self._on_done(value, None)
+
+    def set_exception(self, exc_info: Any = None) -> None:
+        super().set_exception(exc_info)
+        self._on_done(None, self._exc_info[1])

@@ -14,6 +14,7 @@ import pytest
 
 from actors.lookupd import Lookupd
 from tests.lookupd.conftest import Http, Peer, free_port, nsq_binary, wait_until
+from transport.client import lookup
 from transport.nsq.lookup_codec import Identify, Ping, Register, Unregister
 
 pytestmark = pytest.mark.timeout(60)
@@ -114,9 +115,8 @@ def test_a_crashed_registrar_is_refilled_by_its_peers(lookupd: Lookupd) -> None:
     # When the registrar crashes (the debug hook), losing what it held
     lookupd.supervisor.crash("registry:lookup")
     # Then its peers announce again and the lookup finds the broker
-    wait_until(lambda: [p["remote_address"] for p in
-                        web.json("/lookup?topic=t")["producers"]] == [peer.address],
-               what="the registrar to be refilled")
+    wait_until(lambda: [p["remote_address"] for p in lookup(lookupd.http_address, "t")]
+               == [peer.address], what="the registrar to be refilled")
     assert web.json("/channels?topic=t") == {"channels": ["c"]}
 
 
@@ -164,8 +164,8 @@ def test_the_real_nsqd_registers_with_it_and_creates_the_channels_it_knows(
     assert nsqd_web.call("POST", "/topic/create?topic=t")[0] == 200
     assert nsqd_web.call("POST", "/channel/create?topic=t&channel=mine")[0] == 200
     # Then the lookup finds nsqd with both channels, and nsqd created the one it learnt
-    found = wait_until(lambda: (f := web.json("/lookup?topic=t"))["producers"] and f,
-                       what="nsqd's registration")
+    found = wait_until(lambda: (f := web.json("/lookup?topic=t"))["producers"]
+                       and len(f["channels"]) == 2 and f, what="nsqd's registrations")
     assert sorted(found["channels"]) == ["existing", "mine"]
     assert found["producers"][0]["http_port"] == http_port
     stats = nsqd_web.json("/stats?format=json&topic=t")

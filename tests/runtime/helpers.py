@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors.runtime import Actor, message
+from actors.runtime.actor import current_endpoint
 
 
 @message
@@ -100,7 +101,24 @@ class Recorder(Actor):
                 for i in range(count):
                     self.tell(target, Seq(i))
                 return count
+            case AskLocal(target=target):
+                # (the answer comes back as a Seq of the answerer's pid, -1 on an error)
+                try:
+                    current_endpoint().ask_local(
+                        target, Whoami(),
+                        lambda v, e: self.tell(self.name, Seq(-1 if e else v[1])))
+                except ValueError as e:
+                    return str(e)
+                return "sent"
         return None
+
+
+@message
+@dataclass(frozen=True)
+class AskLocal:
+    """Ask ``target`` for Whoami with ``Endpoint.ask_local``; its pid arrives as a Seq."""
+
+    target: str
 
 
 @message

@@ -12,7 +12,17 @@ import pytest
 from actors.runtime import AskTimeout, RemoteActorError, Supervisor, UnknownActor, connect, message
 from actors.runtime.placement import Placement
 from tests.runtime.conftest import wait_until
-from tests.runtime.helpers import AskAll, Boom, Forward, GetLog, Relay, Seq, Whoami, ask_all
+from tests.runtime.helpers import (
+    AskAll,
+    AskLocal,
+    Boom,
+    Forward,
+    GetLog,
+    Relay,
+    Seq,
+    Whoami,
+    ask_all,
+)
 
 StartRuntime = Callable[..., Supervisor]
 
@@ -273,3 +283,19 @@ def test_many_plain_threads_asking_at_once_each_get_their_own_answers(
     assert not any(t.is_alive() for t in threads)
     assert errors == []
     assert timeouts[0] > 0
+
+
+def test_ask_local_calls_back_with_the_answer_without_blocking_the_asker(
+        start_runtime: StartRuntime) -> None:
+    rt = start_runtime()
+    # Given two actors of one process (topic-keyed: the same topic, the same worker)
+    asker, target = "topic:local", "channel:local/c"
+    pid = rt.ask(target, Whoami(), timeout=5)[1]
+    # When one asks the other with ask_local (the answer is a callback, not a wait)
+    assert rt.ask(asker, AskLocal(target), timeout=5) == "sent"
+    # Then the callback brings the answer back as a message
+    wait_until(lambda: rt.ask(asker, GetLog(), timeout=5) == (pid,), what="the callback")
+    # And a name of another process is refused at once
+    other = next(f"rec:{i}" for i in range(100)
+                 if rt.placement.node_for(f"rec:{i}") != rt.placement.node_for(asker))
+    assert "is not hosted by this process" in rt.ask(asker, AskLocal(other), timeout=5)

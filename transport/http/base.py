@@ -14,10 +14,12 @@ methods (405 ``METHOD_NOT_ALLOWED`` with ``Allow``) and crashes (500
 
 The daemons' apps talk to a *facade* whose calls block (an actor ask), so
 every call runs on an executor (:func:`call`): the :class:`AppServer`'s own
-bounded pool.  :class:`AppServer` serves an app on its own thread and event
-loop: :meth:`AppServer.start` binds the socket in the caller's thread (a busy
-port raises there; port 0 is resolved to :attr:`AppServer.port`) and returns
-once the app serves; :meth:`AppServer.stop` closes the listener and open
+bounded pool -- unless the facade's method is a coroutine function (it asks
+without blocking), which :func:`call` awaits on the loop itself.
+:class:`AppServer` serves an app on its own thread and event loop:
+:meth:`AppServer.start` binds the socket in the caller's thread (a busy port
+raises there; port 0 is resolved to :attr:`AppServer.port`) and returns once
+the app serves; :meth:`AppServer.stop` closes the listener and open
 connections, waits for running handlers (``shutdown_timeout``) and the
 executor, and joins the thread.
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import inspect
 import json
 import logging
 import socket
@@ -105,8 +108,11 @@ async def errors(request: web.Request,
         return v1_error(500, "INTERNAL_ERROR")
 
 
-async def call(request: web.Request, fn: Callable[..., _T], *args: Any) -> _T:
-    """Run a blocking facade call on the app's executor."""
+async def call(request: web.Request, fn: Callable[..., Any], *args: Any) -> Any:
+    """A facade call: awaited on the loop if `fn` is a coroutine function (a facade
+    that asks without blocking), else run on the app's executor (it blocks)."""
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args)
     loop = asyncio.get_running_loop()
     executor = request.app.get(EXECUTOR)
     return await loop.run_in_executor(executor, functools.partial(fn, *args))
