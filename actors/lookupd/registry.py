@@ -92,18 +92,31 @@ class Registry:
 
     def __init__(self) -> None:
         self._regs: dict[Registration, dict[str, Producer]] = {}
+        # (category, key) -> its registrations, in creation order: a topic's channels
+        # without a scan of every registration (a /lookup with 10,000 topics)
+        self._by_key: dict[tuple[str, str], dict[Registration, None]] = {}
+        # peer id -> the registrations it is a producer of (its /nodes entry, its leaving)
+        self._by_peer: dict[str, dict[Registration, None]] = {}
 
     # -- changes ---------------------------------------------------------------------
 
+    def _producers_of(self, reg: Registration) -> dict[str, Producer]:
+        producers = self._regs.get(reg)
+        if producers is None:
+            producers = self._regs[reg] = {}
+            self._by_key.setdefault((reg.category, reg.key), {})[reg] = None
+        return producers
+
     def add_registration(self, reg: Registration) -> None:
-        self._regs.setdefault(reg, {})
+        self._producers_of(reg)
 
     def add_producer(self, reg: Registration, peer: PeerInfo) -> bool:
         """Announce `peer` under `reg` (created if new); False if it was there already."""
-        producers = self._regs.setdefault(reg, {})
+        producers = self._producers_of(reg)
         if peer.id in producers:
             return False
         producers[peer.id] = Producer(peer)
+        self._by_peer.setdefault(peer.id, {})[reg] = None
         return True
 
     def remove_producer(self, reg: Registration, peer_id: str) -> tuple[bool, int]:
@@ -112,14 +125,30 @@ class Registry:
         if producers is None:
             return False, 0
         removed = producers.pop(peer_id, None) is not None
+        if removed:
+            self._forget(peer_id, reg)
         return removed, len(producers)
 
+    def _forget(self, peer_id: str, reg: Registration) -> None:
+        regs = self._by_peer.get(peer_id)
+        if regs is not None:
+            regs.pop(reg, None)
+            if not regs:
+                del self._by_peer[peer_id]
+
     def remove_registration(self, reg: Registration) -> None:
-        self._regs.pop(reg, None)
+        producers = self._regs.pop(reg, None)
+        if producers is not None:
+            for peer_id in producers:
+                self._forget(peer_id, reg)
+            same_key = self._by_key[(reg.category, reg.key)]
+            del same_key[reg]
+            if not same_key:
+                del self._by_key[(reg.category, reg.key)]
 
     def remove_peer(self, peer_id: str) -> list[Registration]:
         """Withdraw `peer_id` from everything (its connection closed); what it left."""
-        left = [reg for reg, producers in self._regs.items() if peer_id in producers]
+        left = list(self._by_peer.pop(peer_id, ()))
         for reg in left:
             del self._regs[reg][peer_id]
         return left
@@ -140,6 +169,9 @@ class Registry:
         if "*" not in (key, subkey):
             reg = Registration(category, key, subkey)
             return [reg] if reg in self._regs else []
+        if key != "*":
+            return [reg for reg in self._by_key.get((category, key), ())
+                    if reg.matches(category, key, subkey)]
         return [reg for reg in self._regs if reg.matches(category, key, subkey)]
 
     def producers(self, category: str, key: str = "", subkey: str = "") -> list[Producer]:
@@ -152,7 +184,7 @@ class Registry:
 
     def of_peer(self, peer_id: str) -> list[Registration]:
         """Every registration `peer_id` announced."""
-        return [reg for reg, producers in self._regs.items() if peer_id in producers]
+        return list(self._by_peer.get(peer_id, ()))
 
     def producer(self, reg: Registration, peer_id: str) -> Producer | None:
         return self._regs.get(reg, {}).get(peer_id)

@@ -7,6 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from actors.lookupd.messages import (
     Identified,
@@ -223,3 +225,37 @@ def test_the_pure_registry_finds_by_wildcard_and_dedupes_producers() -> None:
     assert db.remove_producer(Registration(TOPIC, "t"), "a:1") == (True, 0)
     assert db.remove_producer(Registration(TOPIC, "t"), "a:1") == (False, 0)
     assert sorted(r.subkey for r in db.remove_peer("a:1")) == ["c1", "c2"]
+
+
+_OPS = st.lists(st.tuples(
+    st.sampled_from(["add_producer", "remove_producer", "add_registration",
+                     "remove_registration", "remove_peer"]),
+    st.sampled_from([CHANNEL, TOPIC]), st.sampled_from(["t", "u"]),
+    st.sampled_from(["", "c", "d"]), st.sampled_from(["a:1", "b:2"])), max_size=60)
+
+
+@given(_OPS)
+def test_the_registrys_indexes_agree_with_a_full_scan(ops: list[tuple[str, ...]]) -> None:
+    db = Registry()
+    peers = {p: PeerInfo(p, p) for p in ("a:1", "b:2")}
+    for op, category, key, subkey, peer in ops:
+        reg = Registration(category, key, subkey if category == CHANNEL else "")
+        match op:
+            case "add_producer":
+                db.add_producer(reg, peers[peer])
+            case "remove_producer":
+                db.remove_producer(reg, peer)
+            case "add_registration":
+                db.add_registration(reg)
+            case "remove_registration":
+                db.remove_registration(reg)
+            case "remove_peer":
+                db.remove_peer(peer)
+    entries = dict(db.entries())
+    for category in (CHANNEL, TOPIC):
+        for key in ("t", "u", "*"):
+            assert db.find(category, key, "*") == [r for r in entries
+                                                   if r.matches(category, key, "*")]
+    for peer in peers:
+        assert sorted(db.of_peer(peer), key=repr) == sorted(
+            (r for r, ps in entries.items() if any(p.peer.id == peer for p in ps)), key=repr)
