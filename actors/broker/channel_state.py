@@ -68,6 +68,7 @@ class ClientState:
     requeued: int = 0
     timed_out: int = 0
     info: dict[str, Any] | None = None  # what the client said of itself (for /stats)
+    rdy_seen: bool = False  # it has sent a RDY (a client just subscribed sends one next)
 
     @property
     def ready(self) -> bool:
@@ -224,6 +225,17 @@ class ChannelState:
         """New messages from the topic: memory while there is room, then disk."""
         self.stats.message_count += len(messages)
         room = self.mem_queue_size - len(self.ready)
+        if not self.durable:
+            # An ephemeral channel has no disk, but what its clients can take now is
+            # handed over, not dropped: nsqd's unbuffered memoryMsgChan (with
+            # --mem-queue-size=0) gives a message to a waiting messagePump, and a client
+            # just subscribed -- its RDY is on its way, in the same packet as its SUB --
+            # counts as ready for the most it may ask, and so does the first client of a
+            # channel that has none yet (the backlog a topic hands a new channel at once
+            # may come before the SUB that created it: nsq_tail finds it on nsqd).
+            room += sum(max(0, c.rdy - c.in_flight) if c.rdy_seen else self.max_rdy_count
+                        for c in self.clients.values()) if self.clients \
+                else self.max_rdy_count
         if self.disk_depth == 0 and not self.reading and room >= len(messages):
             self.ready.extend_memory(messages)
             return
@@ -273,6 +285,7 @@ class ChannelState:
         if state is None:
             raise invalid("cannot RDY in current state")
         state.rdy = count
+        state.rdy_seen = True
 
     def unsubscribe(self, client: str) -> None:
         """A client left: its in-flight messages go back to the front of the queue at once."""

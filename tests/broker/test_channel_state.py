@@ -275,12 +275,31 @@ def test_beyond_the_memory_queue_messages_go_to_disk_and_come_back_in_batches():
 
 def test_an_ephemeral_channel_drops_and_counts_what_does_not_fit_in_memory():
     ch = channel(mem_queue_size=2, durable=False)
+    ch.subscribe("a", SECOND)
+    ch.set_rdy("a", 0)  # (a client that takes nothing now)
     ch.put(msgs(5))
     fx = ch.take_effects()
     assert fx.disk_put == []
     assert fx.dropped == 3
     assert ch.stats.dropped_count == 3
     assert ch.depth() == 2
+
+
+def test_an_ephemeral_channel_without_memory_hands_its_ready_clients_what_they_can_take():
+    # nsqd with --mem-queue-size=0: an ephemeral channel's unbuffered memoryMsgChan
+    # gives a message to a client waiting for one, and drops it only if none waits
+    ch = channel(mem_queue_size=0, durable=False, max_rdy_count=4)
+    # before its first client (whose SUB created it) it keeps up to the largest RDY
+    ch.put(msgs(3))
+    assert ch.take_effects().dropped == 0
+    # and a client just subscribed (its RDY on its way) may take up to the largest RDY
+    ch.subscribe("a", SECOND)
+    ch.put(msgs(3))
+    assert ch.take_effects().dropped == 2
+    ch.set_rdy("a", 2)
+    assert len(deliver(ch)["a"]) == 2
+    ch.put(msgs(1))  # (2 kept in memory, and its client holds 2 of RDY 2: nobody waits)
+    assert ch.take_effects().dropped == 1
 
 
 def test_a_client_that_leaves_has_its_in_flight_messages_requeued_at_once():

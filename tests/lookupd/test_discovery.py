@@ -6,8 +6,11 @@ producers fail over; pynsq's Reader finds our brokers through our lookupd."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +19,7 @@ import pytest
 
 from actors.lookupd import Lookupd, LookupdOptions
 from tests.chaos.harness import BrokerProcess
-from tests.lookupd.conftest import Http, free_port, wait_until
+from tests.lookupd.conftest import Http, free_port, nsq_binary, wait_until
 from transport.client import Consumer, Message, Producer, PublishError, lookup
 
 pytestmark = pytest.mark.timeout(180)
@@ -183,29 +186,55 @@ def test_a_producer_with_several_brokers_fails_over_and_loses_nothing(
         consumer.close()
 
 
+_PYNSQ_READ = """
+import json, sys
+import nsq, tornado.ioloop
+lookupd, topic, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+received = []
+loop = tornado.ioloop.IOLoop.current()
+def handler(message):
+    received.append(message.body.decode())
+    if len(received) == count:
+        loop.stop()
+    return True
+reader = nsq.Reader(topic=topic, channel="c", message_handler=handler,
+                    lookupd_http_addresses=["http://" + lookupd], lookupd_poll_interval=1,
+                    max_in_flight=10)
+loop.call_later(30.0, loop.stop)
+loop.start()
+reader.close()
+print(json.dumps(sorted(received)))
+"""
+
+
 def test_pynsq_reader_finds_our_brokers_through_our_lookupd(
         lookupds: list[Lookupd], start_broker) -> None:
-    nsq = pytest.importorskip("nsq")
-    import tornado.ioloop
-
+    # (in a fresh interpreter: tornado's loop and HTTP client are per-process singletons)
+    pytest.importorskip("nsq")
     brokers = [start_broker(f"b{i}") for i in range(2)]
     for b in brokers:
         with Producer(b.zmq_endpoint) as p:
             p.publish("pyt", b"from-%d" % b.zmq)
     wait_until(lambda: len(_listed(lookupds[0], "pyt")) == 2, what="both brokers")
-    received: list[bytes] = []
-    loop = tornado.ioloop.IOLoop.current()
+    done = subprocess.run([sys.executable, "-c", _PYNSQ_READ, lookupds[0].http_address, "pyt",
+                           "2"], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout) == sorted(f"from-{b.zmq}" for b in brokers)
 
-    def handler(message: object) -> bool:
-        received.append(message.body)  # type: ignore[attr-defined]
-        if len(received) == 2:
-            loop.stop()
-        return True
 
-    reader = nsq.Reader(topic="pyt", channel="c", message_handler=handler,
-                        lookupd_http_addresses=[f"http://{lookupds[0].http_address}"],
-                        lookupd_poll_interval=1, max_in_flight=10)
-    loop.call_later(30.0, loop.stop)
-    loop.start()
-    reader.close()
-    assert sorted(received) == sorted(b"from-%d" % b.zmq for b in brokers)
+def test_go_nsq_finds_our_brokers_through_our_lookupd(lookupds: list[Lookupd],
+                                                      start_broker) -> None:
+    # nsq_tail (NSQ v1.3.0) consumes with go-nsq's ConnectToNSQLookupd, which needs
+    # /lookup's X-NSQ-Content-Type header to read the body
+    nsq_tail = nsq_binary("nsq_tail")
+    brokers = [start_broker(f"b{i}") for i in range(2)]
+    for b in brokers:
+        with Producer(b.zmq_endpoint) as p:
+            p.multi_publish("gt", [b"go-%d-%d" % (b.zmq, n) for n in range(2)])
+    wait_until(lambda: len(_listed(lookupds[0], "gt")) == 2, what="both brokers")
+    done = subprocess.run([nsq_tail, f"--lookupd-http-address={lookupds[0].http_address}",
+                           "--topic=gt", "-n", "4"], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(done.stdout.split()) == sorted(f"go-{b.zmq}-{n}" for b in brokers
+                                                 for n in range(2))
