@@ -285,6 +285,7 @@ class _Session:
         self.sock: zmq.Socket[Any] | None = None
         self.monitor: zmq.Socket[Any] | None = None
         self.left = False
+        self.up = False  # subscribed (SUB answered): it gets a share of max_in_flight
         self.stop = threading.Event()  # this session only (its broker left the lookups)
         self.thread = threading.Thread(target=self.run, name=f"consumer-{endpoint}", daemon=True)
 
@@ -302,6 +303,11 @@ class _Session:
             except (TimeoutError, zmq.ZMQError, BrokerRefused) as e:
                 log.warning("consumer session with %s ended: %s", self.endpoint, e)
             self._close_socket()
+            if self.up:  # its share goes to the sessions still up until it is back
+                self.up = False
+                self.rdy = 0
+                if not c.stopping.is_set():
+                    c._share_rdy()
             self.stop.wait(backoff)
             backoff = min(c.max_backoff, backoff * 2)
         self.leave()
@@ -374,6 +380,10 @@ class _Session:
                 if closing and reply.corr == b"#cls":
                     self.leave()  # keep the socket open until every session has CLSed
                     return
+                if reply.corr == b"#sub" and not self.up:
+                    self.up = True
+                    c._share_rdy()
+                    self._flush()
             elif isinstance(reply, ProtocolError):
                 raise TimeoutError(f"{self.endpoint} sent a malformed reply: {reply}")
             else:  # HEARTBEAT
@@ -450,6 +460,7 @@ class Consumer:
         self._closing = threading.Condition(self._lock)
         self._open = 0
         self._rotation = 0
+        self._paused = False
         self._started = False
         self._discovery: threading.Thread | None = None
         for e in eps:
@@ -488,13 +499,19 @@ class Consumer:
             self._share_rdy()
 
     def _share_rdy(self) -> None:
-        """Spread ``max_in_flight`` over the sessions as RDY; with more brokers than
-        ``max_in_flight``, RDY 1 to a window of them that rotates (go-nsq's way)."""
+        """Spread ``max_in_flight`` over the sessions that are up (subscribed) as RDY, so a
+        broker that dies leaves its share to the others at once; with more sessions
+        than ``max_in_flight``, RDY 1 to a window of them that rotates (go-nsq's way)."""
         with self._lock:
-            sessions = [self.sessions[e] for e in sorted(self.sessions)]
+            sessions = [self.sessions[e] for e in sorted(self.sessions)
+                        if self.sessions[e].up]
             rotation = self._rotation
         n = len(sessions)
         if not n:
+            return
+        if self._paused:
+            for session in sessions:
+                session.set_rdy(0)
             return
         if n <= self.max_in_flight:
             share, extra = divmod(self.max_in_flight, n)
@@ -574,6 +591,7 @@ class Consumer:
         """RDY 0 on every session; returns once each has sent it (or after `timeout`)."""
         sent = []
         with self._lock:
+            self._paused = True
             sessions = list(self.sessions.values())
         for s in sessions:
             s.rdy = 0
@@ -586,6 +604,8 @@ class Consumer:
 
     def resume(self) -> None:
         """After :meth:`pause`: share ``max_in_flight`` out as RDY again."""
+        with self._lock:
+            self._paused = False
         self._share_rdy()
 
     def start(self) -> Consumer:

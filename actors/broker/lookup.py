@@ -193,8 +193,9 @@ class LookupActor(Actor):
                 reply = self._channels_of(topic)
             case _:
                 log.warning("%s: unexpected message %r", self.name, msg)
-        if self.pending and self.actor_inbox.qsize() == 0:  # nothing queued behind:
-            commands, self.pending = self.pending, []      # send what gathered, at once
+        # nothing queued behind (or a long run gathered): send what gathered, at once
+        if self.pending and (self.actor_inbox.qsize() == 0 or len(self.pending) >= 1000):
+            commands, self.pending = self.pending, []
             self._exchange(commands)
         return reply
 
