@@ -434,7 +434,8 @@ class Consumer:
                  lookupd_http_addresses: Sequence[str] = (),
                  lookupd_poll_interval: float = 60.0, lookupd_poll_jitter: float = 0.3,
                  rdy_redistribute_interval: float = 5.0,
-                 connections_per_broker: int = 1) -> None:
+                 connections_per_broker: int = 1,
+                 max_rdy_per_connection: int = 2500) -> None:
         eps = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not eps and not lookupd_http_addresses:
             raise ValueError("need at least one broker endpoint or lookupd address")
@@ -455,6 +456,7 @@ class Consumer:
         self.poll_jitter = lookupd_poll_jitter
         self.redistribute_interval = rdy_redistribute_interval
         self.connections_per_broker = max(1, connections_per_broker)
+        self.max_rdy_per_connection = max_rdy_per_connection  # (nsqd's --max-rdy-count)
         self._lock = threading.Lock()  # sessions, and the close barrier
         self.sessions: dict[str, _Session] = {}
         self._closing = threading.Condition(self._lock)
@@ -516,7 +518,8 @@ class Consumer:
         if n <= self.max_in_flight:
             share, extra = divmod(self.max_in_flight, n)
             for i, session in enumerate(sessions):
-                session.set_rdy(share + (1 if i < extra else 0))
+                session.set_rdy(min(share + (1 if i < extra else 0),
+                                    self.max_rdy_per_connection))
             return
         window = {(rotation + i) % n for i in range(self.max_in_flight)}
         for i, session in enumerate(sessions):

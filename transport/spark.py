@@ -351,6 +351,7 @@ class TopicReader:
         self.consumer = Consumer(topic, channel, self._arrived.put, list(eps),
                                  max_in_flight=batch_size, msg_timeout_ms=msg_timeout_ms,
                                  auto_finish=False, connections_per_broker=per_broker,
+                                 max_rdy_per_connection=rdy_per_connection,
                                  lookupd_http_addresses=lookupd_http_addresses,
                                  lookupd_poll_interval=lookupd_poll_interval)
         self._pending: Batch | None = None

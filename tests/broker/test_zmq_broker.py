@@ -54,6 +54,19 @@ def test_what_a_producer_publishes_a_consumer_receives(broker):
     assert stats["depth"] == 0
 
 
+def test_a_consumer_with_more_in_flight_than_one_rdy_opens_several_sessions(broker):
+    # 10,000 in flight is over nsqd's largest RDY (2,500): four sessions to the broker,
+    # each at most 2,500, whatever order they come up in (the first up must not ask
+    # for everything: the broker refuses and closes it)
+    got = Collector()
+    with Consumer("many", "c", got, broker.zmq_endpoint, max_in_flight=10_000,
+                  connections_per_broker=4) as consumer, Producer(broker.zmq_endpoint) as p:
+        wait_for(lambda: broker.topic_stats("many")["channels"], what="channel")
+        p.publish_batch("many", [b"m%d" % i for i in range(3000)], batch_size=500)
+        wait_for(lambda: len(got.bodies) == 3000, what="every message")
+        assert sorted(s.rdy for s in consumer.sessions.values()) == [2500] * 4
+
+
 def test_a_refused_publish_raises_with_nsqds_code(broker):
     with Producer(broker.zmq_endpoint) as p, pytest.raises(BrokerRefused) as e:
         p.publish("bad topic!", b"x")
