@@ -41,9 +41,12 @@ is jittered), opens a session to every broker listed (its ZeroMQ endpoint is
 ``tcp://<broadcast_address>:<zmq_port>``: our brokers announce ``zmq_port``;
 an nsqd without one is skipped, saying so) and closes the sessions of brokers
 that no daemon lists any more.  A daemon that does not answer changes
-nothing.  ``max_in_flight`` is shared out as RDY over the sessions; with more
-brokers than ``max_in_flight``, RDY 1 goes to a window of them that moves
-every ``rdy_redistribute_interval`` seconds, as go-nsq redistributes.
+nothing.  ``max_in_flight`` is shared out as RDY over the sessions that are
+up (subscribed), at most ``max_rdy_per_connection`` each (``connections_per_broker``
+opens more sessions per broker for more in flight), so a broker that dies
+leaves its share to the others at once; with more brokers than
+``max_in_flight``, RDY 1 goes to a window of them that moves every
+``rdy_redistribute_interval`` seconds, as go-nsq redistributes.
 """
 
 from __future__ import annotations
