@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
-import threading
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -43,7 +41,7 @@ from actors.broker.messages import Publish, TopicCommand, TopicStats
 from actors.broker.options import BrokerOptions, OptionsError, parse_options, run_dir_for
 from actors.broker.scanner import ScannerActor
 from actors.broker.topic import TopicActor, topics_on_disk
-from actors.runtime.options import LOG_FORMAT
+from actors.runtime.daemon import log_level, run_in_foreground, setup_logging
 from actors.runtime.placement import GATEWAY, Placement
 from actors.runtime.supervisor import Supervisor
 from storage.dirlock import DirLock
@@ -53,8 +51,6 @@ log = logging.getLogger("actors.broker")
 
 STOP_ORDER = ("listener", "client", "topic", "channel", "scanner")
 LISTENERS = ("http", "zmq", "tcp")
-_LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
-               "error": logging.ERROR, "fatal": logging.CRITICAL}
 
 
 def boot_names(options: BrokerOptions, node: str, placement: Placement) -> list[str]:
@@ -107,7 +103,7 @@ class Broker:
                 run_dir_for(o.data_path), factories(o), workers=o.workers,
                 shutdown_timeout=o.shutdown_timeout, debug_hooks=o.debug_hooks,
                 stop_order=STOP_ORDER, boot=partial(boot_names, o),
-                log_level=_LOG_LEVELS.get(o.log_level, logging.INFO),
+                log_level=log_level(o.log_level),
                 shared_fds=(self.lock.fd,))
             self.supervisor.start()
             self.listeners = {p: self.supervisor.ask(f"listener:{p}", ListenerInfo(), 30)
@@ -169,49 +165,21 @@ def _raise(reply: Any) -> None:
         raise from_wire(reply)
 
 
-class _Interrupted(BaseException):
-    """SIGTERM or SIGINT while the broker starts."""
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         options = parse_options(argv)
     except OptionsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=_LOG_LEVELS.get(options.log_level, logging.INFO),
-                        format=LOG_FORMAT.format(node="supervisor"))
-    stop = threading.Event()
-    starting = True
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        stop.set()
-        if starting:  # whatever start() waits for: stop now (start() cleans up)
-            raise _Interrupted(signal.Signals(signum).name)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_signal)
+    setup_logging(options.log_level)
     broker = Broker(options)
     log.info("starting broker: data path %s, %d workers, node id %d",
              os.path.abspath(options.data_path), broker.options.workers,
              broker.options.node_id)
-    try:
-        broker.start()
-        starting = False
-    except _Interrupted as e:
-        log.warning("%s while starting: stopped", e)
-        return 1
-    except (RuntimeError, StorageError) as e:
-        log.critical("%s", e)
-        return 1
-    log.info("broker running (pid %d, HTTP on port %d); SIGTERM or Ctrl-C stops it",
-             os.getpid(), broker.http_port)
-    while not stop.wait(0.5):
-        pass
-    log.info("stopping: flushing memory to disk")
-    clean = broker.stop()
-    log.info("stopped %s", "cleanly" if clean else "after killing stragglers")
-    return 0 if clean else 1
+    return run_in_foreground(
+        broker, log, start_errors=(RuntimeError, StorageError),
+        running=lambda: f"broker running (pid {os.getpid()}, HTTP on port {broker.http_port})",
+        stopping="stopping: flushing memory to disk")
 
 
 __all__ = ["Broker", "BrokerError", "boot_names", "factories", "main"]

@@ -22,10 +22,8 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import signal
 import sys
 import tempfile
-import threading
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -35,8 +33,8 @@ from actors.lookupd.messages import ListenerInfo
 from actors.lookupd.options import LookupdOptions, parse_options
 from actors.lookupd.peer import PeerActor
 from actors.lookupd.registrar import REGISTRAR, RegistrarActor
+from actors.runtime.daemon import log_level, run_in_foreground, setup_logging
 from actors.runtime.flags import OptionsError
-from actors.runtime.options import LOG_FORMAT
 from actors.runtime.placement import Placement
 from actors.runtime.supervisor import Supervisor
 
@@ -44,8 +42,6 @@ __all__ = ["Lookupd", "main"]
 
 log = logging.getLogger("actors.lookupd")
 
-_LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
-               "error": logging.ERROR, "fatal": logging.CRITICAL}
 
 
 def _boot(node: str, placement: Placement) -> list[str]:
@@ -76,7 +72,7 @@ class Lookupd:
             self.supervisor = Supervisor(
                 self.run_dir, factories, workers=0, shutdown_timeout=o.shutdown_timeout,
                 debug_hooks=o.debug_hooks, stop_order=("listener", "peer"), boot=_boot,
-                log_level=_LOG_LEVELS.get(o.log_level, logging.INFO))
+                log_level=log_level(o.log_level))
             self.supervisor.start()
             info = self.supervisor.ask(LISTENER, ListenerInfo(), 30)
             if info["error"]:
@@ -111,42 +107,14 @@ class Lookupd:
         self.stop()
 
 
-class _Interrupted(BaseException):
-    """SIGTERM or SIGINT while the daemon starts."""
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         options = parse_options(argv)
     except OptionsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=_LOG_LEVELS.get(options.log_level, logging.INFO),
-                        format=LOG_FORMAT.format(node="supervisor"))
-    stop = threading.Event()
-    starting = True
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        stop.set()
-        if starting:
-            raise _Interrupted(signal.Signals(signum).name)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_signal)
+    setup_logging(options.log_level)
     daemon = Lookupd(options)
-    try:
-        daemon.start()
-        starting = False
-    except _Interrupted as e:
-        log.warning("%s while starting: stopped", e)
-        return 1
-    except RuntimeError as e:
-        log.critical("%s", e)
-        return 1
-    log.info("lookupd running (pid %d): TCP on %s, HTTP on %s; SIGTERM or Ctrl-C stops it",
-             os.getpid(), daemon.tcp_address, daemon.http_address)
-    while not stop.wait(0.5):
-        pass
-    log.info("stopping")
-    clean = daemon.stop()
-    return 0 if clean else 1
+    return run_in_foreground(
+        daemon, log, running=lambda: f"lookupd running (pid {os.getpid()}): TCP on "
+                                     f"{daemon.tcp_address}, HTTP on {daemon.http_address}")

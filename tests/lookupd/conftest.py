@@ -9,7 +9,6 @@ import json
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import pytest
 
 from actors.lookupd import Lookupd, LookupdOptions
+from tests.runtime.conftest import wait_until  # noqa: F401 - the lookupd tests take it from here
 from transport.nsq.lookup_codec import NEED_DATA, Answer, LookupClientConnection
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,19 +35,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 10.0,
-               what: str = "condition") -> Any:
-    """Poll `predicate` until it is truthy or `timeout` passes."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 class Http:
