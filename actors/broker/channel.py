@@ -125,8 +125,8 @@ class ChannelActor(Actor):
                 s.put_deferred([(m, due) for m, due in items])
                 self._confirm_when_written(confirm, s.effects.delayed_add,
                                            self.defer_confirms)
-            case DqMessages(items=items):
-                s.from_disk(items)
+            case DqMessages(items=items, depth=depth):
+                s.from_disk(items, depth)
             case DqWriteFailed(count=count):
                 s.disk_depth = max(0, s.disk_depth - count)  # those never reached the disk
             case Sub(client=client, msg_timeout_ms=timeout_ms, info=info):
@@ -141,8 +141,7 @@ class ChannelActor(Actor):
             case DqReopened():
                 if self.durable and not self.deleted:
                     depth, _ = self.ask(self.dq, DqOpen(), timeout=30)
-                    s.disk_depth = depth
-                    s.reading = False
+                    s.disk_reopened(depth)
             case Fin(client=client, ids=ids):
                 for error in s.finish(client, list(ids)):
                     self.tell(client, ClientError(error.to_wire()))

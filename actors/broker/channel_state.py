@@ -52,6 +52,8 @@ from actors.broker.pqueue import DeferredQueue, InFlightQueue
 DELAYED = -1
 """Handle of a message kept in the persistent delayed store (by message id)."""
 
+_NOT_HELD = object()
+
 Handle = int | None
 
 
@@ -204,6 +206,12 @@ class ChannelState:
         self.ready = ReadyQueue()
         self.disk_depth = 0
         self.reading = False
+        # Messages sent to the disk queue since the last read was asked for: they queue
+        # behind that read there, so its answer's depth does not count them yet.
+        self.put_since_read = 0
+        # Set when the disk queue reopened: what it had handed out is unread again, so
+        # reads may bring copies of messages still in flight or deferred here.
+        self.reread = False
         self.in_flight: InFlightQueue = InFlightQueue()
         self.deferred: DeferredQueue = DeferredQueue()
         self.clients: dict[str, ClientState] = {}
@@ -246,6 +254,7 @@ class ChannelState:
         if self.durable:
             self.effects.disk_put.extend(messages)
             self.disk_depth += len(messages)
+            self.put_since_read += len(messages)
         else:  # ephemeral: no disk behind the memory buffer
             self.stats.dropped_count += len(messages)
             self.effects.dropped += len(messages)
@@ -256,12 +265,48 @@ class ChannelState:
         for encoded, due in items:
             self._defer(encoded, None, due)
 
-    def from_disk(self, items: list[tuple[int, bytes]]) -> None:
-        """A batch read from the disk queue: `(position, encoded)`."""
+    def from_disk(self, items: list[tuple[int, bytes]], depth: int) -> None:
+        """A batch read from the disk queue: `(position, encoded)`, and the queue's unread
+        count when it read them.  That count, plus what was sent to it after the read was
+        asked for, is the disk depth: counting down by what came back would drift after
+        a restart, and "nothing came back, so empty" would forget writes queued behind
+        the read (their messages then stayed on disk, unread, until the next restart)."""
         self.reading = False
-        # Nothing came back: the disk queue is empty, whatever we counted.
-        self.disk_depth = max(0, self.disk_depth - len(items)) if items else 0
+        self.disk_depth = depth + self.put_since_read
+        if self.reread:
+            items = self._not_held(items)
         self.ready.extend(items)
+
+    def disk_reopened(self, depth: int) -> None:
+        """The disk queue restarted and counts `depth` unread: what it had handed out is
+        unread again and comes back by later reads, so the copies waiting in ``ready``
+        go (they would be delivered twice) and reads are checked against what is in
+        flight or deferred until nothing is."""
+        kept = [(h, m) for h, m in self.ready if h is None or h == DELAYED]
+        if len(kept) != len(self.ready):
+            self.ready.clear()
+            self.ready.extend(kept)
+        self.disk_depth = depth
+        self.reading = False
+        self.reread = True
+
+    def _not_held(self, items: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
+        """`items` less the messages held here already (by id).  A copy at another place
+        than the one held is acked: the held copy is what stays."""
+        if not (self.in_flight or self.deferred):
+            self.reread = False
+            return items
+        out = []
+        for position, encoded in items:
+            msg_id = encoded[10:26]
+            held = self.in_flight.get(msg_id)
+            handle = held[HANDLE] if held is not None else (
+                self.deferred.get(msg_id, (None, _NOT_HELD))[1])
+            if handle is _NOT_HELD:
+                out.append((position, encoded))
+            elif handle != position:
+                self.effects.disk_ack.append(position)
+        return out
 
     def restore(self, disk_depth: int, deferred: list[tuple[int, bytes, bytes]]) -> None:
         """State found in storage at start: disk depth and delayed-store entries."""
@@ -387,6 +432,7 @@ class ChannelState:
             # Read only for a client with room (as nsqd's messagePump): a backlog
             # nobody consumes stays on disk, and its queue may close its files.
             self.reading = True
+            self.put_since_read = 0
             self.effects.disk_read = self.read_batch
 
     def _deliver_run(self, client: ClientState, now: int) -> None:
@@ -448,6 +494,11 @@ class ChannelState:
 
     def _defer(self, encoded: bytes, handle: Handle, due: int) -> None:
         msg_id = message_id(encoded)
+        held = self.deferred.get(msg_id)
+        if held is not None:  # a second copy (read again after a restart): one stays
+            if handle is not None and handle != held[1]:
+                self._release(handle, msg_id)
+            return
         if self.durable and handle != DELAYED:
             self.effects.delayed_add.append((due, msg_id, encoded))
             if handle is not None:

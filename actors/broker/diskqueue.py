@@ -223,18 +223,23 @@ class DiskQueueActor(Actor):
             self.queue = NullQueue(stem, max_msg_size=o.max_msg_size + MESSAGE_HEADER)
             return
         os.makedirs(o.data_path, exist_ok=True)
-        self.queue = DiskQueue(stem, o.data_path, max_bytes_per_file=o.max_bytes_per_file,
-                               max_msg_size=o.max_msg_size + MESSAGE_HEADER,
-                               # with --sync-every=1 this actor syncs itself (group commit)
-                               sync_every=10**9 if self.group_commit else o.sync_every,
-                               sync_timeout=o.sync_timeout,
-                               ack_mode=True, cache_low_watermark=o.cache_low_watermark,
-                               cache_high_watermark=o.cache_high_watermark)
+        queue = DiskQueue(stem, o.data_path, max_bytes_per_file=o.max_bytes_per_file,
+                          max_msg_size=o.max_msg_size + MESSAGE_HEADER,
+                          # with --sync-every=1 this actor syncs itself (group commit)
+                          sync_every=10**9 if self.group_commit else o.sync_every,
+                          sync_timeout=o.sync_timeout,
+                          ack_mode=True, cache_low_watermark=o.cache_low_watermark,
+                          cache_high_watermark=o.cache_high_watermark)
         # A queue that failed earlier in this process's life stays failed when reopened
         # (after an actor restart): its files may lack pages the kernel dropped.
-        self.queue.failed = health.failed_queue(stem)
+        queue.failed = health.failed_queue(stem)
         if os.path.exists(self._delayed_path()):
-            self.delayed = DelayedStore(o.data_path, name=stem)
+            try:
+                self.delayed = DelayedStore(o.data_path, name=stem)
+            except BaseException:
+                queue.close(sync=False)  # the next message opens both again
+                raise
+        self.queue = queue
 
     def _delayed_path(self) -> str:
         return os.path.join(self.options.data_path, queue_name(self.owner) + DELAYED_SUFFIX)
@@ -332,7 +337,12 @@ class DiskQueueActor(Actor):
                     self.delayed.remove_many(ids)
             case DqOpen(rewind=rewind):
                 if rewind and q.pending():
-                    q.close()
+                    # Reopen: what was handed out and not acked is unread again.  The
+                    # delayed store closes too (SQLite holds one lock per file: a second
+                    # open beside it failed, "database is locked"), and nothing stays
+                    # referenced if the open fails (the next message opens again).
+                    self._close()
+                    self.queue, self.delayed = None, None
                     self._open()
                     q = self.queue
                     assert q is not None

@@ -144,6 +144,7 @@ class TopicActor(Actor):
         self.deferred_on_disk = False  # they are in the disk-queue actor's delayed store
         self.disk_depth = 0
         self.reading = False
+        self.put_since_read = 0  # written since the last read was asked for (behind it)
         self.message_count = 0
         self.message_bytes = 0
         self.dropped = 0
@@ -251,8 +252,8 @@ class TopicActor(Actor):
                 self._ensure_exists()
                 self.message_count += len(messages)
                 self._route(list(messages))
-            case DqMessages(items=items):
-                self._from_disk(items)
+            case DqMessages(items=items, depth=depth):
+                self._from_disk(items, depth)
             case DqReopened():
                 if not self.ephemeral and self.valid:
                     depth, _ = self.ask(self.dq, DqOpen(), timeout=30)
@@ -373,6 +374,7 @@ class TopicActor(Actor):
             return 0
         self.tell(self.dq, DqPut(encoded, (confirm,) if confirm else ()))
         self.disk_depth += len(encoded)
+        self.put_since_read += len(encoded)
         return 1 if confirm else 0
 
     def _fanout(self, encoded: list[bytes], confirm: tuple[str, int] | None = None) -> None:
@@ -413,13 +415,15 @@ class TopicActor(Actor):
             self._fanout(batch)
         if self.disk_depth and not self.reading:
             self.reading = True
+            self.put_since_read = 0
             self.tell(self.dq, DqRead(READ_BATCH, self.name))
 
-    def _from_disk(self, items: list[tuple[int, bytes]]) -> None:
+    def _from_disk(self, items: list[tuple[int, bytes]], depth: int) -> None:
+        # The queue's unread count at the read, plus what was written behind the read
+        # (as the channel counts it: "nothing came back, so empty" forgot those writes)
         self.reading = False
-        self.disk_depth = max(0, self.disk_depth - len(items))
+        self.disk_depth = depth + self.put_since_read
         if not items:
-            self.disk_depth = 0
             return
         if self.channels and not self.paused:
             if self.durable_ack:  # ack the topic's queue only when the channels have them
@@ -433,6 +437,7 @@ class TopicActor(Actor):
             self._drain()
         else:  # paused (or channels gone) meanwhile: leave them on disk for later
             self.disk_depth += len(items)
+            self.put_since_read += len(items)
             self.tell(self.dq, DqAck([p for p, _ in items]))
             self.tell(self.dq, DqPut([m for _, m in items]))
 

@@ -189,7 +189,7 @@ def test_req_of_a_disk_message_moves_it_to_the_delayed_store_before_releasing_it
     ch.pump(0)
     assert ch.take_effects().disk_read > 0
     (m,) = msgs(1)
-    ch.from_disk([(12345, m)])
+    ch.from_disk([(12345, m)], 0)
     (d,) = deliver(ch)["a"]
     ch.requeue("a", message_id(d), SECOND, now=0)
     fx = ch.take_effects()
@@ -265,7 +265,7 @@ def test_beyond_the_memory_queue_messages_go_to_disk_and_come_back_in_batches():
     assert first.disk_read == ch.read_batch  # memory ran dry: ask the disk queue
     ch.pump(0)
     assert ch.take_effects().disk_read == 0  # one read outstanding at a time
-    ch.from_disk([(p, m) for p, m in enumerate(fx.disk_put)])
+    ch.from_disk([(p, m) for p, m in enumerate(fx.disk_put)], 0)
     got = deliver(ch)["a"]
     assert [message_id(m) for m in got] == [message_id(m) for m in fx.disk_put]
     # Finishing disk messages acks their positions.
@@ -330,7 +330,7 @@ def test_pause_stops_delivery_and_unpause_resumes_it():
 def test_empty_drops_queued_and_deferred_messages_and_releases_their_storage():
     ch = channel(mem_queue_size=1)
     ch.put(msgs(1))
-    ch.from_disk([(77, msgs(1, start=5)[0])])
+    ch.from_disk([(77, msgs(1, start=5)[0])], 0)
     (deferred,) = msgs(1, start=9)
     ch.restore(0, [(10 * SECOND, message_id(deferred), deferred)])
     ch.take_effects()
@@ -357,6 +357,85 @@ def test_memory_only_lists_what_a_clean_shutdown_must_write():
     ch.subscribe("a", SECOND)
     ch.set_rdy("a", 1)
     ch.put(msgs(3))
-    ch.from_disk([(5, msgs(1, start=10)[0])])
+    ch.from_disk([(5, msgs(1, start=10)[0])], 0)
     deliver(ch)
     assert len(ch.memory_only()) == 3  # 2 queued + 1 in flight; the disk one is durable
+
+
+def test_writes_sent_behind_a_read_count_in_the_disk_depth_whatever_the_read_brought():
+    # Given a channel reading its disk queue, which holds 2 messages by its own count
+    ch = channel(mem_queue_size=0)
+    ch.subscribe("a", SECOND)
+    ch.set_rdy("a", 10)
+    ch.restore(2, [])
+    ch.pump(0)
+    assert ch.take_effects().disk_read
+    # When 3 more are written while the read is on its way, and the read finds nothing
+    # (the count of 2 was stale: the queue had reopened and counts 0 unread)
+    ch.put(msgs(3))
+    assert len(ch.take_effects().disk_put) == 3
+    ch.from_disk([], 0)
+    # Then the 3 written behind the read are still to be read: nothing strands on disk
+    assert ch.disk_depth == 3
+    ch.pump(0)
+    assert ch.take_effects().disk_read
+    # And a read that brings them leaves the queue's own count (0) plus nothing since
+    ch.from_disk([(p, m) for p, m in enumerate(msgs(3))], 0)
+    assert ch.disk_depth == 0
+    assert len(deliver(ch)["a"]) == 3
+
+
+def test_after_the_disk_queue_reopens_its_copies_of_messages_held_here_are_dropped():
+    # Given a channel holding disk messages: two in flight, one deferred, one waiting
+    ch = channel(mem_queue_size=0)
+    ch.subscribe("a", SECOND)
+    ch.set_rdy("a", 3)
+    m = msgs(4)
+    ch.restore(4, [])
+    ch.pump(0)
+    ch.from_disk([(p, x) for p, x in enumerate(m)], 0)
+    sent = deliver(ch)["a"]
+    assert [message_id(x) for x in sent] == [message_id(x) for x in m[:3]]
+    ch.requeue("a", message_id(m[2]), 60 * SECOND, now=0)
+    fx = ch.take_effects()
+    assert fx.disk_ack == [2] and fx.delayed_add[0][1] == message_id(m[2])
+    # When the disk queue restarts: its un-acked messages are unread again (all four,
+    # the ack of position 2 having reached the old life only)
+    ch.disk_reopened(4)
+    assert len(ch.ready) == 0  # the waiting copy goes: it comes back by the read
+    ch.set_rdy("a", 5)
+    ch.pump(0)
+    assert ch.take_effects().disk_read
+    ch.from_disk([(p, x) for p, x in enumerate(m)], 0)
+    # Then only the message nobody holds is delivered again; the deferred one's disk
+    # copy is acked (the delayed store keeps it), the in-flight ones wait for their FIN
+    fx = ch.take_effects()
+    assert fx.disk_ack == [2]
+    again = deliver(ch)["a"]
+    assert [message_id(x) for x in again] == [message_id(m[3])]
+    # And a FIN of the in-flight ones acks their positions, in the new life pending again
+    assert ch.finish("a", [message_id(m[0]), message_id(m[1])]) == []
+    assert ch.take_effects().disk_ack == [0, 1]
+
+
+def test_a_second_copy_deferred_keeps_one_and_releases_the_other():
+    ch = channel(mem_queue_size=0)
+    ch.subscribe("a", SECOND)
+    ch.set_rdy("a", 1)
+    (m,) = msgs(1)
+    ch.restore(2, [])
+    ch.pump(0)
+    ch.from_disk([(5, m)], 1)
+    (first,) = deliver(ch)["a"]
+    ch.requeue("a", message_id(first), 60 * SECOND, now=0)
+    assert ch.take_effects().disk_ack == [5]  # the delayed store has it now
+    # The same message again at another place (a topic's queue re-read after a restart
+    # fans it out again), delivered and REQed while its first copy is deferred: this
+    # raised DuplicateIdError and crashed the channel actor
+    ch.pump(0)
+    ch.from_disk([(9, m)], 0)
+    (second,) = deliver(ch)["a"]
+    ch.requeue("a", message_id(second), 60 * SECOND, now=0)
+    fx = ch.take_effects()
+    assert fx.disk_ack == [9] and not fx.delayed_add  # the deferred copy stays
+    assert len(ch.deferred) == 1

@@ -13,6 +13,7 @@ from actors.broker.diskqueue import (
     DqIdle,
     DqOpen,
     DqPut,
+    DqRead,
     DqStats,
     DqUndefer,
 )
@@ -231,4 +232,25 @@ def test_a_publish_refused_by_a_full_disk_says_the_disk_is_full(tmp_path, monkey
     assert refused.error == (
         "E_PUB_FAILED",
         "PUB failed: disk full - [Errno 28] no space left to create /d/t.00002.dat", False)
+    a.on_stop()
+
+
+def test_a_restarted_owner_rewinds_a_queue_with_a_delayed_store_open(tmp_path, monkeypatch):
+    # Given a channel's queue with a deferred message (its delayed store open) and two
+    # messages handed out and not acked
+    a = _actor(tmp_path)
+    told = []
+    monkeypatch.setattr(a, "tell", lambda to, msg: told.append((to, msg)))
+    a.on_receive(DqPut([MESSAGE] * 2))
+    entry = (123, b"0123456789abcdef", MESSAGE)
+    a.on_receive(DqDefer([entry]))
+    a.on_receive(DqRead(10, "channel:t/c"))
+    assert len(told[-1][1].items) == 2
+    # When the channel restarts and asks to rewind (this reopened the queue beside the
+    # open store: "database is locked", and the channel crashed in a loop)
+    answer = a.on_receive(DqOpen(rewind=True))
+    # Then both messages are unread again and the deferred one comes back
+    assert answer == (2, [entry])
+    a.on_receive(DqRead(10, "channel:t/c"))
+    assert len(told[-1][1].items) == 2
     a.on_stop()
