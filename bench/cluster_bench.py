@@ -237,7 +237,7 @@ def failover_trial(trial: int, tcp: str, web: str, work: Path) -> None:
     for b in brokers:
         b.start()
         with Producer(b.zmq_endpoint) as p:
-            p.publish_batch("fo", [b"x" * 100] * 60_000, 500)
+            p.publish_batch("fo", [b"x" * 100] * 150_000, 500)  # > 3 s of consuming
     wait_until(lambda: len(lookup(web, "fo")) == 3)
     stamps: list[float] = []
     consumer = Consumer("fo", "c", lambda m: stamps.append(time.perf_counter()),
@@ -245,6 +245,7 @@ def failover_trial(trial: int, tcp: str, web: str, work: Path) -> None:
                         max_in_flight=600).start()
     try:
         wait_until(lambda: len(stamps) > 20_000, timeout=60)
+        time.sleep(1.0)  # the second before the kill: the steady rate, not the start
         killed = time.perf_counter()
         brokers[1].kill_all()
         time.sleep(3)

@@ -135,7 +135,7 @@ class RegistrarFacade:
         current_endpoint().ask_local(REGISTRAR, Query(what, topic, channel, node), on_done)
         return await asyncio.wait_for(answer, ASK_TIMEOUT)
 
-    async def lookup(self, topic: str) -> dict[str, Any] | None:
+    async def lookup(self, topic: str) -> bytes | None:
         return await self._ask("lookup", topic)
 
     async def topics(self) -> list[str]:

@@ -16,6 +16,15 @@ registered, unregistered, pinged, left) and what the HTTP API asks
 * ``/topic/tombstone`` hides a broker from one topic's lookups for
   ``--tombstone-lifetime``.
 
+A ``/lookup`` answer is kept as its JSON bytes until something it shows
+changes: every registration, withdrawal, tombstone, or peer coming, going or
+pinging after a silence drops them all, and each answer is kept only until the
+first of its brokers would fall silent past ``--inactive-producer-timeout`` or
+its first tombstone ends, so a kept answer is always the one a fresh lookup
+would give.  Clients poll ``/lookup`` all the time (go-nsq every minute per
+reader and topic), and encoding a topic's hundred producers was most of an
+answer's cost.
+
 Unlike nsqlookupd, ``*`` is not a wildcard in what clients send: a name is a
 name (``/topic/delete?topic=*`` deletes nothing).
 
@@ -28,6 +37,7 @@ over HTTP alone is lost with it, as it is when nsqlookupd restarts.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -54,6 +64,8 @@ REGISTRAR = "registry:lookup"
 LISTENER = "listener:lookup"
 
 _EPHEMERAL = "#ephemeral"
+_CHANGES = frozenset({"topic_create", "topic_delete", "channel_create", "channel_delete",
+                      "tombstone"})
 _NEVER_NS = -6795364578871345152
 """What nsqlookupd's /debug shows as ``tombstoned_at`` of a producer never tombstoned
 (Go's zero time in Unix nanoseconds)."""
@@ -69,6 +81,7 @@ class RegistrarActor(Actor):
         self.clock = clock
         self.db = Registry()
         self.peers: dict[str, PeerInfo] = {}
+        self._lookups: dict[str, tuple[float, bytes | None]] = {}  # topic -> (until, JSON)
 
     def on_start(self) -> None:
         if self.restart_count:
@@ -76,6 +89,8 @@ class RegistrarActor(Actor):
             self.tell(LISTENER, Reannounce())
 
     def on_receive(self, msg: Any) -> Any:
+        if type(msg) is not Pinged and not (type(msg) is Query and msg.what not in _CHANGES):
+            self._lookups.clear()  # a change: the next lookups are computed afresh
         match msg:
             case Registered(peer=peer_id, topic=topic, channel=channel):
                 peer = self.peers.get(peer_id)
@@ -87,7 +102,10 @@ class RegistrarActor(Actor):
                 self._unregister(peer_id, topic, channel)
             case Pinged(peer=peer_id):
                 if (peer := self.peers.get(peer_id)) is not None:
-                    peer.last_update = self.clock()
+                    now = self.clock()
+                    if now - peer.last_update > self.options.inactive_producer_timeout:
+                        self._lookups.clear()  # back from silence: in lookups at once
+                    peer.last_update = now
             case Identified(info=info):
                 self._identified(info)
             case Left(peer=peer_id):
@@ -135,12 +153,28 @@ class RegistrarActor(Actor):
         topic = Registration(TOPIC, q.topic)
         match q.what:
             case "lookup":
-                if "*" in q.topic or not db.find(TOPIC, q.topic):
-                    return None
-                producers = db.active(db.producers(TOPIC, q.topic), now,
-                                      o.inactive_producer_timeout, o.tombstone_lifetime)
-                return {"channels": [r.subkey for r in self._channels_of(q.topic)],
-                        "producers": [p.peer.to_json() for p in producers]}
+                cached = self._lookups.get(q.topic)
+                if cached is not None and now < cached[0]:
+                    return cached[1]
+                answer, until = None, float("inf")
+                if "*" not in q.topic and db.find(TOPIC, q.topic):
+                    every = db.producers(TOPIC, q.topic)
+                    producers = db.active(every, now, o.inactive_producer_timeout,
+                                          o.tombstone_lifetime)
+                    answer = json.dumps(
+                        {"channels": [r.subkey for r in self._channels_of(q.topic)],
+                         "producers": [p.peer.to_json() for p in producers]},
+                        separators=(",", ":")).encode()
+                    # until a broker in it falls silent or a tombstone ends
+                    until = min([p.peer.last_update + o.inactive_producer_timeout
+                                 for p in producers]
+                                + [p.tombstoned_at + o.tombstone_lifetime for p in every
+                                   if p.tombstoned(now, o.tombstone_lifetime)],
+                                default=until)
+                if len(self._lookups) >= 10_000:
+                    self._lookups.clear()
+                self._lookups[q.topic] = (until, answer)
+                return answer
             case "topics":
                 return [r.key for r in db.find(TOPIC, "*")]
             case "channels":

@@ -398,7 +398,8 @@ def test_after_the_disk_queue_reopens_its_copies_of_messages_held_here_are_dropp
     assert [message_id(x) for x in sent] == [message_id(x) for x in m[:3]]
     ch.requeue("a", message_id(m[2]), 60 * SECOND, now=0)
     fx = ch.take_effects()
-    assert fx.disk_ack == [2] and fx.delayed_add[0][1] == message_id(m[2])
+    assert fx.disk_ack == [2]
+    assert fx.delayed_add[0][1] == message_id(m[2])
     # When the disk queue restarts: its un-acked messages are unread again (all four,
     # the ack of position 2 having reached the old life only)
     ch.disk_reopened(4)
@@ -437,5 +438,6 @@ def test_a_second_copy_deferred_keeps_one_and_releases_the_other():
     (second,) = deliver(ch)["a"]
     ch.requeue("a", message_id(second), 60 * SECOND, now=0)
     fx = ch.take_effects()
-    assert fx.disk_ack == [9] and not fx.delayed_add  # the deferred copy stays
+    assert fx.disk_ack == [9]
+    assert not fx.delayed_add  # the deferred copy stays
     assert len(ch.deferred) == 1

@@ -4,6 +4,7 @@ The rules are nsqlookupd 1.3's, as seen on the wire (see docs/CLUSTER.md)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -54,7 +55,8 @@ def reg(clock: Clock) -> RegistrarActor:
 
 def q(reg: RegistrarActor, what: str, topic: str = "", channel: str = "",
       node: str = "") -> Any:
-    return reg.on_receive(Query(what, topic, channel, node))
+    answer = reg.on_receive(Query(what, topic, channel, node))
+    return json.loads(answer) if isinstance(answer, bytes) else answer  # (a /lookup's)
 
 
 def producers(reg: RegistrarActor, topic: str) -> list[str]:
@@ -259,3 +261,24 @@ def test_the_registrys_indexes_agree_with_a_full_scan(ops: list[tuple[str, ...]]
     for peer in peers:
         assert sorted(db.of_peer(peer), key=repr) == sorted(
             (r for r, ps in entries.items() if any(p.peer.id == peer for p in ps)), key=repr)
+
+
+def test_a_lookup_answer_is_kept_until_something_it_shows_changes(reg: RegistrarActor,
+                                                                   clock: Clock) -> None:
+    reg.on_receive(Identified(info("a:1")))
+    reg.on_receive(Registered("a:1", "t"))
+    first = reg.on_receive(Query("lookup", "t"))
+    clock.now += 100
+    reg.on_receive(Pinged("a:1"))  # a ping of a live broker changes no answer
+    assert reg.on_receive(Query("lookup", "t")) is first  # kept, not encoded again
+    # a registration, a channel, a new broker: the next answer shows it
+    clock.now += 150
+    reg.on_receive(Identified(info("b:2")))
+    reg.on_receive(Registered("b:2", "t", "c"))
+    assert producers(reg, "t") == ["a:1", "b:2"]
+    assert q(reg, "lookup", "t")["channels"] == ["c"]
+    # time alone: a's silence past the timeout (it pinged 150 s ago) hides it at once
+    clock.now += 150
+    assert producers(reg, "t") == ["a:1", "b:2"]
+    clock.now += 0.5
+    assert producers(reg, "t") == ["b:2"]

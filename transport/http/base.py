@@ -69,11 +69,15 @@ def json_body(data: Any) -> bytes:
 
 
 def v1(data: Any = None, status: int = 200) -> web.Response:
-    """nsqd's ``RespondV1``: text as is, anything else as JSON, with the V1 header."""
+    """nsqd's ``RespondV1``: text as is, bytes as JSON encoded already, anything else
+    as JSON, with the V1 header."""
     if data is None:
         return web.Response(status=status, body=b"", headers=V1_HEADERS)
     if isinstance(data, str):
         return web.Response(status=status, text=data, headers=V1_HEADERS)
+    if isinstance(data, bytes):  # JSON encoded already
+        return web.Response(status=status, body=data, headers=V1_HEADERS,
+                            content_type="application/json", charset="utf-8")
     return web.Response(status=status, body=json_body(data), headers=V1_HEADERS,
                         content_type="application/json", charset="utf-8")
 

@@ -35,8 +35,9 @@ __all__ = ["LookupFacade", "LookupHttpServer", "make_lookup_app"]
 class LookupFacade(Protocol):
     """What the lookup daemon's HTTP API asks (each call may block)."""
 
-    def lookup(self, topic: str) -> dict[str, Any] | None:
-        """``{"channels": [...], "producers": [...]}``, or None: no such topic."""
+    def lookup(self, topic: str) -> dict[str, Any] | bytes | None:
+        """``{"channels": [...], "producers": [...]}`` (or that as JSON bytes), or None:
+        no such topic."""
         ...
 
     def topics(self) -> list[str]: ...
