@@ -21,9 +21,9 @@ Cases:
   used over the run is printed too (the target is 5,000 requests/s on one
   core).
 * ``failover``: three of our brokers, each with a backlog, and one consumer
-  that finds them through our lookupd; its rate over the second before one
-  broker is killed -9 and over the seconds after (per 0.25 s window), and the
-  time until it is back to 90 % of the rate before.  Three trials.
+  that finds them through our lookupd; its rate over the time before one
+  broker is killed -9 (1.5 s) and over the seconds after (per 0.25 s window),
+  and the time until it is back to 90 % of the rate before.  Five trials.
 """
 
 from __future__ import annotations
@@ -222,22 +222,24 @@ def case_lookup(nsq_bin: Path, peers: int, topics: int, seconds: float, conns: i
 # ------------------------------------------------------------------------- failover
 
 
-def case_failover(nsq_bin: Path, work: Path, trials: int = 3) -> None:
+def case_failover(nsq_bin: Path, work: Path, trials: int = 5) -> None:
     print("failover: 3 brokers with a backlog, one consumer through our lookupd; "
           "one broker killed -9")
     with lookupd("ours", nsq_bin) as (tcp, web, _):
-        for trial in range(trials):
-            failover_trial(trial, tcp, web, work)
+        kept = [failover_trial(trial, tcp, web, work) for trial in range(trials)]
+    print(f"  median rate kept: {statistics.median(kept):.0%} (trials {min(kept):.0%}"
+          f"-{max(kept):.0%})")
 
 
-def failover_trial(trial: int, tcp: str, web: str, work: Path) -> None:
+def failover_trial(trial: int, tcp: str, web: str, work: Path) -> float:
+    """One trial; the rate after the kill as a fraction of the rate before."""
     brokers = [BrokerProcess(work / f"f{trial}-{i}", work / f"f{trial}-{i}.log",
                              ("--workers", "1", "--broadcast-address", "127.0.0.1",
                               "--lookupd-tcp-address", tcp)) for i in range(3)]
     for b in brokers:
         b.start()
         with Producer(b.zmq_endpoint) as p:
-            p.publish_batch("fo", [b"x" * 100] * 150_000, 500)  # > 3 s of consuming
+            p.publish_batch("fo", [b"x" * 100] * 300_000, 500)  # > 3 s after the kill
     wait_until(lambda: len(lookup(web, "fo")) == 3)
     stamps: list[float] = []
     consumer = Consumer("fo", "c", lambda m: stamps.append(time.perf_counter()),
@@ -245,7 +247,7 @@ def failover_trial(trial: int, tcp: str, web: str, work: Path) -> None:
                         max_in_flight=600).start()
     try:
         wait_until(lambda: len(stamps) > 20_000, timeout=60)
-        time.sleep(1.0)  # the second before the kill: the steady rate, not the start
+        time.sleep(2.0)  # the seconds before the kill: the steady rate, not the start
         killed = time.perf_counter()
         brokers[1].kill_all()
         time.sleep(3)
@@ -254,7 +256,7 @@ def failover_trial(trial: int, tcp: str, web: str, work: Path) -> None:
         for b in brokers:
             with contextlib.suppress(Exception):
                 b.kill_all()
-    before = sum(1 for s in stamps if killed - 1.0 <= s < killed) / 1.0
+    before = sum(1 for s in stamps if killed - 1.5 <= s < killed) / 1.5
     windows = [sum(1 for s in stamps if killed + i * 0.25 <= s < killed + (i + 1) * 0.25)
                / 0.25 for i in range(12)]
     back = next((i * 0.25 for i, r in enumerate(windows) if r >= 0.9 * before), None)
@@ -263,6 +265,7 @@ def failover_trial(trial: int, tcp: str, web: str, work: Path) -> None:
           f"after ({after / before:.0%}); back to 90 % within "
           f"{'-' if back is None else f'{back + 0.25:.2f} s'}; per 0.25 s: "
           + " ".join(f"{r / 1000:.0f}k" for r in windows[:8]))
+    return after / before
 
 
 def main() -> None:
