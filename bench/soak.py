@@ -41,7 +41,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import random
+import signal
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -99,6 +101,23 @@ def main() -> None:
         extra.update(_disk_faults(broker, mount, random.Random(rng.random())))
     else:
         broker = BrokerProcess(work / "data", work / "broker.log")
+    # SIGTERM (and Ctrl-C) stop the run with the broker and the rig's mount taken down
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        _run(a, rng, broker, extra)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            broker.kill_all()
+        if mount is not None:
+            with contextlib.suppress(Exception):
+                mount.cut()
+        raise
+    if mount is not None:
+        mount.cut()
+
+
+def _run(a: argparse.Namespace, rng: random.Random, broker: BrokerProcess,
+         extra: dict[str, Callable[[], None]]) -> None:
     broker.start()
     ledger = Ledger()
     stop_load, stop_nemesis, draining = threading.Event(), threading.Event(), threading.Event()
@@ -182,8 +201,6 @@ def main() -> None:
     for c in consumers:
         c.close(timeout=5)
     broker.stop()
-    if mount is not None:
-        mount.cut()
     lat = sorted(ledger.latencies)
     q = statistics.quantiles(lat, n=100) if len(lat) > 100 else [0.0] * 99
     failed = [x for x in actions if " failed: " in x]
