@@ -8,11 +8,16 @@ durable mode (``--mem-queue-size=0 --sync-every=1``) and consumers FIN on
 one channel while another waits; small chunk files make every life rotate.
 At the end every message a producer saw acknowledged must have been
 delivered on every channel (before a cut or in the final drain), and nothing
-never published may come out.
+never published may come out.  Each life also creates a channel of its own
+(which must then hold everything acknowledged from that life on) and creates
+and deletes another (which must stay deleted): the topic's metadata goes
+through the cuts too.
 """
 
 from __future__ import annotations
 
+import http.client
+import json
 import threading
 import time
 
@@ -41,6 +46,9 @@ def test_nothing_acknowledged_is_lost_across_power_cuts(fs: VolatileMount,
         broker.create(TOPICS, CHANNELS)
         if life == CUTS:
             break
+        # A channel of this life's (kept) and one created and deleted in it
+        broker.post(f"/channel/create?topic=t&channel=n{life}")
+        broker.post(f"/channel/create?topic=t&channel=x{life}")
         # Given producers and consumers at work
         stop = threading.Event()
         prefix = f"life{life}"
@@ -55,9 +63,14 @@ def test_nothing_acknowledged_is_lost_across_power_cuts(fs: VolatileMount,
         for t in threads:
             t.start()
         deadline = time.monotonic() + 60  # each life: until every topic has its share
+        deleted = False
         while (min(len(acked[t]) for t in TOPICS) < PER_LIFE * (life + 1)
                and time.monotonic() < deadline and all(t.is_alive() for t in threads)):
+            if not deleted and len(acked["t"]) >= PER_LIFE * life + PER_LIFE // 2:
+                broker.post(f"/channel/delete?topic=t&channel=x{life}")
+                deleted = True
             time.sleep(0.01)
+        assert deleted, "the life ended before its channel was deleted"
         # When the power goes: the broker dies, the unsynced state is dropped
         broker.kill9()
         stop.set()
@@ -67,15 +80,23 @@ def test_nothing_acknowledged_is_lost_across_power_cuts(fs: VolatileMount,
         fs.up()
     # Then the last life delivers every acknowledged message not consumed before
     stop = threading.Event()
-    for topic in TOPICS:
-        for channel in CHANNELS:
-            consume(broker.tcp, topic, channel, got[topic, channel].add, stop, idle=3.0)
-    total = sum(map(len, acked.values()))
+    conn = http.client.HTTPConnection("127.0.0.1", broker.http, timeout=10)
+    conn.request("GET", "/stats?format=json&topic=t")
+    (t_stats,) = json.loads(conn.getresponse().read())["topics"]
+    names = {c["channel_name"] for c in t_stats["channels"]}
+    assert names == {*CHANNELS, *(f"n{k}" for k in range(CUTS))}, "a channel came or went"
+    for k in range(CUTS):  # each life's channel: everything acknowledged from then on
+        got["t", f"n{k}"] = set()
+        acked[f"t/n{k}"] = {m for m in acked["t"] if int(m[4:m.index(b"-")]) >= k}
+    for (topic, channel), delivered in got.items():
+        consume(broker.tcp, topic, channel, delivered.add, stop, idle=3.0)
+    total = sum(len(acked[t]) for t in TOPICS)
     print(f"{CUTS} cuts: {total} acknowledged, {sum(map(len, got.values()))} delivered")
     assert total >= PER_LIFE * CUTS * len(TOPICS), "the load did not run"
     prefixes = tuple(p.encode() for p in published_prefixes)
     for (topic, channel), delivered in got.items():
-        lost = acked[topic] - delivered
-        assert not lost, (f"{topic}/{channel}: {len(lost)} of {len(acked[topic])} "
+        expected = acked.get(f"{topic}/{channel}", acked[topic])
+        lost = expected - delivered
+        assert not lost, (f"{topic}/{channel}: {len(lost)} of {len(expected)} "
                           f"acknowledged messages lost: {sorted(lost)[:5]}")
         assert all(b.startswith(prefixes) for b in delivered), "never published"
