@@ -42,22 +42,28 @@ opens ``ceil(batch_size / rdy_per_connection)`` connections per broker.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import datetime as dt
 import decimal
+import functools
 import json
 import logging
 import math
 import os
 import queue
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
-from pyspark import TaskContext
+from pyspark import RDD, TaskContext
+from pyspark.serializers import UTF8Deserializer
+from pyspark.sql import functions as F
 from pyspark.sql import types as t
+from pyspark.sql.types import _make_type_verifier
 
 from transport.client import Consumer, Message, Producer, PublishError, discover
 from transport.protocol.validation import ProtocolError, check_topic
@@ -83,6 +89,8 @@ def _plain(row: Any) -> Any:
 def _encode_value(value: Any) -> Any:
     if isinstance(value, dt.datetime | dt.date | dt.time):
         return value.isoformat()
+    if isinstance(value, bytes | bytearray | memoryview):
+        return base64.b64encode(value).decode("ascii")  # as Spark's JSON writes binary
     if isinstance(value, decimal.Decimal):
         if not value.is_finite():
             raise ValueError(f"{value} is not a finite decimal")
@@ -93,10 +101,31 @@ def _encode_value(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} value {value!r:.80} cannot be serialised")
 
 
+def _spark_floats(value: Any) -> Any:
+    """`value` with NaN and infinities as the strings Spark's JSON writer uses."""
+    if type(value) is float:
+        return value if math.isfinite(value) else _NONFINITE[str(value)]
+    if type(value) is dict:
+        return {k: _spark_floats(v) for k, v in value.items()}
+    if type(value) is list or type(value) is tuple:
+        return [_spark_floats(v) for v in value]
+    return value
+
+
+_NONFINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
 def to_json(row: Any) -> bytes:
-    """Strict JSON (no NaN or Infinity); dates and times as ISO 8601, decimals as strings."""
-    return json.dumps(_plain(row), default=_encode_value, allow_nan=False,
-                      ensure_ascii=False, separators=(",", ":")).encode()
+    """Strict JSON, in Spark's conventions: NaN and infinities as ``"NaN"``,
+    ``"Infinity"`` and ``"-Infinity"``, binary as base64, dates and times as ISO 8601,
+    decimals as strings (exact)."""
+    plain = _plain(row)
+    try:
+        return json.dumps(plain, default=_encode_value, allow_nan=False,
+                          ensure_ascii=False, separators=(",", ":")).encode()
+    except ValueError:  # a NaN or an infinity somewhere: the slow path, only for those rows
+        return json.dumps(_spark_floats(plain), default=_encode_value, allow_nan=False,
+                          ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def to_msgpack(row: Any) -> bytes:
@@ -252,24 +281,40 @@ class PartitionPublisher:
     def publish(self, df: Any) -> None:
         """Publish every row of DataFrame `df` (runs a Spark job).
 
-        With the JSON serializer, Spark's own JSON writer (``df.toJSON()``, in
-        the JVM) turns rows into messages and the Python workers only publish
-        them: about twice the rows per second of ``df.foreachPartition(self)``,
-        which builds every ``Row`` in Python.  Spark's JSON has its own
-        conventions (timestamps with their zone, binary as base64, ``"NaN"``),
-        and every value of a DataFrame has a JSON form, so only rows over
+        With the JSON serializer, Spark's own JSON writer (in the JVM) turns
+        rows into messages and the Python workers only publish them: about
+        twice the rows per second of ``df.foreachPartition(self)``, which
+        builds every ``Row`` in Python.  Its conventions are :func:`to_json`'s
+        (``"NaN"``, binary as base64, timestamps with their zone), except
+        decimals, written as exact JSON numbers; timestamps keep their
+        microseconds (``df.toJSON()`` would cut them to milliseconds).  Every
+        value of a DataFrame has a JSON form, so only rows over
         ``max_message_size`` can be bad.  Other serializers go through
         ``foreachPartition``.
         """
         if self.serializer == "json":
-            as_json = df.toJSON(use_unicode=False)  # bytes from the JVM, not decoded to str
-            as_json.foreachPartition(dataclasses.replace(self, serializer="raw"))
+            _json_lines(df).foreachPartition(dataclasses.replace(self, serializer="raw"))
         else:
             df.foreachPartition(self)
 
     def foreach_batch(self, batch_df: Any, epoch_id: int) -> None:
         """A Structured Streaming sink: ``stream.writeStream.foreachBatch(p.foreach_batch)``."""
         self.publish(batch_df)
+
+
+_JSON_OPTIONS = {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX",
+                 "timestampNTZFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSS"}
+
+
+def _json_lines(df: Any) -> Any:
+    """An RDD of each row of `df` as JSON bytes, written by the JVM (as ``df.toJSON``
+    does, with microseconds)."""
+    columns = [F.col("`{}`".format(c.replace("`", "``"))) for c in df.columns]
+    lines = df.select(F.to_json(F.struct(*columns), _JSON_OPTIONS))
+    jvm = df.sparkSession._jvm
+    strings = getattr(lines._jdf, "as")(jvm.org.apache.spark.sql.Encoders.STRING())
+    return RDD(strings.javaRDD(), df.sparkSession.sparkContext,
+               UTF8Deserializer(use_unicode=False))
 
 
 def _partition_id() -> int | None:
@@ -339,6 +384,9 @@ class TopicReader:
                 t.StructField("_nsq_timestamp", t.LongType()),
                 t.StructField("_nsq_attempts", t.IntegerType())])
         self.decode = _deserializer(deserializer)
+        if deserializer == "json" and self.schema is not None and _has_decimal(self.schema):
+            # exact decimals: Spark's JSON writes them as numbers, which floats would round
+            self.decode = functools.partial(json.loads, parse_float=decimal.Decimal)
         self.batch_size = batch_size
         self.batch_timeout = batch_timeout
         self.idle_timeout = idle_timeout
@@ -348,7 +396,15 @@ class TopicReader:
         # (with lookup daemons the brokers are not known yet: room for one to take all)
         brokers = len(eps) if eps and not lookupd_http_addresses else 1
         per_broker = math.ceil(batch_size / (brokers * rdy_per_connection))
-        self.consumer = Consumer(topic, channel, self._arrived.put, list(eps),
+        # Every message delivered and not yet FINed or requeued, with when it was last
+        # delivered or touched: the keeper touches those held for half the timeout, so
+        # a batch that takes long to write (or waits for the next) never times out
+        # while this reader still has it.
+        self._held: dict[bytes, tuple[Message, float]] = {}
+        self._touch_after = msg_timeout_ms / 2000
+        self._keeper: threading.Thread | None = None
+        self._closing = threading.Event()
+        self.consumer = Consumer(topic, channel, self._delivered, list(eps),
                                  max_in_flight=batch_size, msg_timeout_ms=msg_timeout_ms,
                                  auto_finish=False, connections_per_broker=per_broker,
                                  max_rdy_per_connection=rdy_per_connection,
@@ -356,6 +412,9 @@ class TopicReader:
                                  lookupd_poll_interval=lookupd_poll_interval)
         self._pending: Batch | None = None
         self._started = False
+        self._verify: Callable[[Any], None] | None = None
+        self._verified: Any = None
+        self._convert: Callable[[Any], Any] = lambda v: v
 
     def __enter__(self) -> TopicReader:
         return self
@@ -363,9 +422,28 @@ class TopicReader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _delivered(self, m: Message) -> None:
+        self._held[m.id] = (m, time.monotonic())
+        self._arrived.put(m)
+
+    def _keep(self) -> None:
+        """Touch every message held for half its timeout (the keeper thread's loop)."""
+        while not self._closing.wait(self._touch_after / 4):
+            now = time.monotonic()
+            for msg_id, (m, since) in list(self._held.items()):
+                if m.responded:
+                    self._held.pop(msg_id, None)
+                elif now - since >= self._touch_after:
+                    m.touch()
+                    self._held[msg_id] = (m, now)
+
     def close(self) -> None:
         """Stop deliveries, requeue every message held (an uncommitted batch, and what
         arrived after it), then close the connections."""
+        self._closing.set()
+        if self._keeper is not None:
+            self._keeper.join(5)
+            self._keeper = None
         if self._started:
             self.consumer.pause()
             held = [] if self._pending is None or self._pending.committed \
@@ -386,6 +464,10 @@ class TopicReader:
         if not self._started:
             self.consumer.start()
             self._started = True
+            self._closing.clear()
+            self._keeper = threading.Thread(target=self._keep, name="topic-reader-keeper",
+                                             daemon=True)
+            self._keeper.start()
         while True:
             if self._pending is not None and not self._pending.committed:
                 log.warning("batch of %d messages was not committed; requeued",
@@ -441,34 +523,33 @@ class TopicReader:
 
     def _frame(self, records: list[tuple[Message, Any]], bad: list[BadMessage]) -> tuple[Any, int]:
         """A DataFrame of the records in schema order; a record the schema rejects goes to
-        `bad` (a failing batch is checked row by row to find which)."""
+        `bad`, saying which field (each row is checked on its own, in Python: a bad one
+        costs its own time, not its batch's)."""
         if self.schema is None:
             return None, 0
-        convert = _row_converter(self.schema)
-        pairs = []
+        if self._verify is None or self._verified is not self.schema:
+            self._convert = _row_converter(self.schema)
+            self._verify = _make_type_verifier(self.schema)
+            self._verified = self.schema
+        convert, verify = self._convert, self._verify
+        rows = []
         for m, value in records:
             try:
-                pairs.append((m, convert(value)))
-            except (ValueError, TypeError, AttributeError) as e:
+                row = convert(value)
+                verify(row)
+            except (ValueError, TypeError, AttributeError, ArithmeticError) as e:
                 bad.append(BadMessage(m.id, m.body, f"does not fit the schema: {e}"))
-        rows = [r for _, r in pairs]
-        try:
-            return self.spark.createDataFrame(rows, self.schema, verifySchema=True), len(rows)
-        except (ValueError, TypeError):
-            pass
-        rows = []
-        for m, r in pairs:
-            try:
-                self.spark.createDataFrame([r], self.schema, verifySchema=True)
-                rows.append(r)
-            except (ValueError, TypeError) as e:
-                bad.append(BadMessage(m.id, m.body, f"does not fit the schema: {e}"))
-        return self.spark.createDataFrame(rows, self.schema, verifySchema=True), len(rows)
+                continue
+            rows.append(row)
+        return self.spark.createDataFrame(rows, self.schema, verifySchema=False), len(rows)
 
 
 def _row_converter(schema: Any) -> Callable[[Any], Any]:
-    """dict -> tuple in `schema`'s field order, turning the strings the serialisers wrote
-    for dates, timestamps and decimals back into values (missing fields become None)."""
+    """dict -> tuple in `schema`'s field order, turning what the serialisers wrote back
+    into values (missing fields become None): ISO 8601 strings into dates and
+    timestamps, strings and numbers into decimals, ``"NaN"``, ``"Infinity"`` and
+    ``"-Infinity"`` into floats, base64 into binary, JSON's string map keys into the
+    key type.  A value it cannot turn raises ValueError naming its field."""
     def for_type(dtype: Any) -> Callable[[Any], Any] | None:
         if isinstance(dtype, t.StructType):
             fields = [(f.name, for_type(f.dataType)) for f in dtype.fields]
@@ -476,8 +557,18 @@ def _row_converter(schema: Any) -> Callable[[Any], Any]:
             def struct(v: Any) -> Any:
                 if v is None:
                     return None
-                return tuple(v.get(name) if conv is None or v.get(name) is None
-                             else conv(v[name]) for name, conv in fields)
+                if not isinstance(v, dict):
+                    raise TypeError(f"expected an object, got {type(v).__name__}")
+                out = []
+                for name, conv in fields:
+                    x = v.get(name)
+                    if conv is not None and x is not None:
+                        try:
+                            x = conv(x)
+                        except (ValueError, TypeError, ArithmeticError) as e:
+                            raise ValueError(f"field {name}: {e}") from None
+                    out.append(x)
+                return tuple(out)
             return struct
         if isinstance(dtype, t.TimestampType | t.TimestampNTZType):
             return lambda v: dt.datetime.fromisoformat(v) if isinstance(v, str) else v
@@ -485,15 +576,65 @@ def _row_converter(schema: Any) -> Callable[[Any], Any]:
             return lambda v: dt.date.fromisoformat(v) if isinstance(v, str) else v
         if isinstance(dtype, t.DecimalType):
             return lambda v: decimal.Decimal(str(v)) if isinstance(v, str | int | float) else v
+        if isinstance(dtype, t.DoubleType | t.FloatType):
+            return _to_float
+        if isinstance(dtype, t.BinaryType):
+            return lambda v: base64.b64decode(v, validate=True) if isinstance(v, str) else v
         if isinstance(dtype, t.ArrayType):
             inner = for_type(dtype.elementType)
             return None if inner is None else (
-                lambda v: None if v is None else [None if x is None else inner(x) for x in v])
+                lambda v: [None if x is None else inner(x) for x in v])
+        if isinstance(dtype, t.MapType):
+            key, value = _map_key(dtype.keyType), for_type(dtype.valueType)
+            if key is None and value is None:
+                return None
+            k_of = key or (lambda k: k)
+            v_of = value or (lambda x: x)
+            return lambda v: {k_of(k): None if x is None else v_of(x) for k, x in v.items()}
         return None
 
     convert = for_type(schema)
     assert convert is not None
     return convert
+
+
+def _to_float(v: Any) -> Any:
+    if isinstance(v, str):
+        if v not in ("NaN", "Infinity", "-Infinity"):
+            raise ValueError(f"{v!r:.40} is not a number")
+        return float(v)
+    return float(v) if isinstance(v, int | decimal.Decimal) and not isinstance(v, bool) else v
+
+
+def _map_key(dtype: Any) -> Callable[[Any], Any] | None:
+    """JSON's object keys are strings: back to the map's key type."""
+    if isinstance(dtype, t.IntegralType):
+        return lambda k: int(k) if isinstance(k, str) else k
+    if isinstance(dtype, t.BooleanType):
+        return lambda k: {"true": True, "false": False}[k] if isinstance(k, str) else k
+    if isinstance(dtype, t.StringType):
+        return None
+    if isinstance(dtype, t.DoubleType | t.FloatType):
+        return float  # ("NaN", "1.5")
+    return _row_converter_for(dtype)
+
+
+def _row_converter_for(dtype: Any) -> Callable[[Any], Any] | None:
+    """The value converter of a type outside a struct (a map key's)."""
+    wrapped = _row_converter(t.StructType([t.StructField("k", dtype)]))
+    return lambda k: wrapped({"k": k})[0]
+
+
+def _has_decimal(dtype: Any) -> bool:
+    if isinstance(dtype, t.DecimalType):
+        return True
+    if isinstance(dtype, t.StructType):
+        return any(_has_decimal(f.dataType) for f in dtype.fields)
+    if isinstance(dtype, t.ArrayType):
+        return _has_decimal(dtype.elementType)
+    if isinstance(dtype, t.MapType):
+        return _has_decimal(dtype.keyType) or _has_decimal(dtype.valueType)
+    return False
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import json
+import math
 
 import msgpack
 import pytest
@@ -35,17 +36,22 @@ def test_msgpack_round_trips_a_row():
     assert msgpack.unpackb(to_msgpack(row)) == {"id": 1, "day": "2026-01-02", "blob": b"\x00\x01"}
 
 
-@pytest.mark.parametrize("value", [float("nan"), float("inf"), b"\x00", {1, 2}, object(),
-                                   decimal.Decimal("NaN")])
+@pytest.mark.parametrize("value", [{1, 2}, object(), decimal.Decimal("NaN")])
 def test_json_refuses_what_json_cannot_hold(value):
     with pytest.raises((TypeError, ValueError)):
         to_json({"v": value})
 
 
+def test_json_writes_nan_infinities_and_binary_as_sparks_json_writer_does():
+    row = Row(a=float("nan"), b=[float("inf"), 1.5], c=Row(d=float("-inf")), blob=b"\x00\xff")
+    assert json.loads(to_json(row)) == {"a": "NaN", "b": ["Infinity", 1.5],
+                                        "c": {"d": "-Infinity"}, "blob": "AP8="}
+
+
 def test_a_bad_row_fails_the_task_with_where_and_why():
     publisher = PartitionPublisher("t", "tcp://127.0.0.1:1", timeout=0.1, retry_for=0)
-    with pytest.raises(BadRowError, match=r"row 1 of partition None cannot be published: .*bytes"):
-        publisher([{"ok": 1}, {"blob": b"\x00"}])
+    with pytest.raises(BadRowError, match=r"row 1 of partition None cannot be published: .*set"):
+        publisher([{"ok": 1}, {"tags": {"a"}}])
 
 
 def test_a_row_over_the_message_limit_is_a_bad_row():
@@ -78,3 +84,28 @@ def test_the_reader_turns_serialised_values_back_by_schema():
     value = json.loads(to_json(Row(id=1, when=when, day=day, price=decimal.Decimal("1.25"),
                                    inner=Row(a=2))))
     assert _row_converter(schema)(value) == (1, when, day, decimal.Decimal("1.25"), (2,), None)
+
+
+def test_the_reader_turns_nan_binary_maps_and_exact_decimals_back_and_names_a_bad_field():
+    from pyspark.sql import types as t
+
+    schema = t.StructType([
+        t.StructField("d", t.DoubleType()), t.StructField("f", t.FloatType()),
+        t.StructField("blob", t.BinaryType()),
+        t.StructField("m", t.MapType(t.IntegerType(), t.DateType())),
+        t.StructField("dec", t.DecimalType(38, 10)),
+        t.StructField("arr", t.ArrayType(t.DoubleType()))])
+    convert = _row_converter(schema)
+    big = decimal.Decimal("1234567890123456789012345678.0123456789")
+    # as Spark's JSON writer writes them (the decimal as an exact number)
+    spark_json = (b'{"d":"NaN","f":"-Infinity","blob":"AP8=","m":{"7":"2020-01-01"},'
+                  b'"dec":1234567890123456789012345678.0123456789,"arr":[1.5,"Infinity",null]}')
+    value = json.loads(spark_json, parse_float=decimal.Decimal)
+    d, f, blob, m, dec, arr = convert(value)
+    assert math.isnan(d)
+    assert (f, blob, m, dec) == (float("-inf"), b"\x00\xff", {7: dt.date(2020, 1, 1)}, big)
+    assert arr == [1.5, float("inf"), None]
+    assert all(type(x) is float for x in (d, f, arr[0]))
+    # a string that is no number names its field
+    with pytest.raises(ValueError, match="field d: 'oops' is not a number"):
+        convert({"d": "oops"})
