@@ -52,6 +52,9 @@ import logging
 import math
 import os
 import queue
+import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -292,6 +295,7 @@ class PartitionPublisher:
         ``max_message_size`` can be bad.  Other serializers go through
         ``foreachPartition``.
         """
+        _check_python_workers(df.sparkSession.sparkContext)
         if self.serializer == "json":
             _json_lines(df).foreachPartition(dataclasses.replace(self, serializer="raw"))
         else:
@@ -300,6 +304,32 @@ class PartitionPublisher:
     def foreach_batch(self, batch_df: Any, epoch_id: int) -> None:
         """A Structured Streaming sink: ``stream.writeStream.foreachBatch(p.foreach_batch)``."""
         self.publish(batch_df)
+
+
+_WORKERS_CHECKED: set[str] = set()
+
+
+def _check_python_workers(sc: Any) -> None:
+    """Spark's Python workers run ``PYSPARK_PYTHON`` (``python3`` from PATH when unset),
+    which need not be this interpreter: without it, every task of the first job failed
+    with ``No module named 'transport'``.  On a local master, a worker interpreter that
+    cannot import this package is replaced by this one (with a warning).  On a cluster
+    the executors' Python is the cluster's to set (docs/SPARK.md): the driver cannot
+    see it."""
+    exe = sc.pythonExec
+    if exe in _WORKERS_CHECKED or exe == sys.executable or not sc.master.startswith("local"):
+        return
+    try:
+        ok = subprocess.run([shutil.which(exe) or exe, "-c", "import transport.spark"],
+                            capture_output=True, timeout=60, check=False).returncode == 0
+    except OSError:
+        ok = False
+    if ok:
+        _WORKERS_CHECKED.add(exe)
+        return
+    log.warning("Spark's Python workers would run %r, which cannot import transport; "
+                "running them on %s instead (set PYSPARK_PYTHON to choose)", exe, sys.executable)
+    sc.pythonExec = sys.executable
 
 
 _JSON_OPTIONS = {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX",
@@ -335,18 +365,26 @@ class BadMessage:
 
 @dataclass
 class Batch:
-    """One micro-batch: ``df`` holds its rows; FIN them with ``commit()`` once they are safe."""
+    """One micro-batch: ``df`` holds its rows; FIN them with ``commit()`` once they are safe.
+
+    ``duplicates`` counts messages left out because this reader committed the same
+    message id before (a redelivery: see ``TopicReader``'s ``dedupe_window``); they
+    are FINed with the batch."""
 
     df: Any
     rows: int
     bad: list[BadMessage]
     messages: list[Message] = field(repr=False)
     committed: bool = False
+    duplicates: int = 0
+    _on_commit: Callable[[list[Message]], None] | None = field(default=None, repr=False)
 
     def commit(self) -> None:
         for m in self.messages:
             m.finish()
         self.committed = True
+        if self._on_commit is not None:
+            self._on_commit(self.messages)
 
     def requeue(self) -> None:
         for m in self.messages:
@@ -362,6 +400,10 @@ class TopicReader:
     read until ``close()``).  ``metadata=True`` adds ``_nsq_id`` (hex),
     ``_nsq_timestamp`` (ns) and ``_nsq_attempts`` columns, which let a
     downstream job drop the duplicates at-least-once delivery allows.
+    ``dedupe_window`` > 0 leaves out of a batch a message whose id was among the
+    last ``dedupe_window`` this reader committed (a redelivery, e.g. after a FIN
+    lost with a broker); ``Batch.duplicates`` counts them, and they are FINed
+    with the batch.
     """
 
     def __init__(self, spark: Any, topic: str, channel: str,
@@ -371,9 +413,12 @@ class TopicReader:
                  idle_timeout: float | None = 10.0, rdy_per_connection: int = 2500,
                  msg_timeout_ms: int = 120_000, metadata: bool = False,
                  lookupd_http_addresses: Sequence[str] = (),
-                 lookupd_poll_interval: float = 60.0) -> None:
+                 lookupd_poll_interval: float = 60.0, dedupe_window: int = 0) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be positive")
+        # ids of messages committed lately, oldest first: a redelivery of one is left out
+        self._seen: dict[bytes, None] = {}
+        self._dedupe_window = dedupe_window
         self.spark = spark
         self.schema: t.StructType | None = (t._parse_datatype_string(schema)
                                           if isinstance(schema, str) else schema)
@@ -501,10 +546,21 @@ class TopicReader:
             got[m.id] = m  # a redelivery of a message already here replaces it
         return list(got.values())
 
+    def _remember(self, messages: list[Message]) -> None:
+        seen = self._seen
+        for m in messages:
+            seen[m.id] = None
+        for _ in range(len(seen) - self._dedupe_window):
+            del seen[next(iter(seen))]
+
     def _build(self, messages: list[Message]) -> Batch:
         records: list[tuple[Message, Any]] = []
         bad: list[BadMessage] = []
+        duplicates = 0
         for m in messages:
+            if m.id in self._seen:
+                duplicates += 1
+                continue
             try:
                 value = self.decode(m.body)
                 if not isinstance(value, dict):
@@ -519,7 +575,8 @@ class TopicReader:
         if self.schema is None and records:
             self.schema = self.spark.createDataFrame([r for _, r in records[:1000]]).schema
         df, count = self._frame(records, bad)
-        return Batch(df, count, bad, messages)
+        return Batch(df, count, bad, messages, duplicates=duplicates,
+                     _on_commit=self._remember if self._dedupe_window else None)
 
     def _frame(self, records: list[tuple[Message, Any]], bad: list[BadMessage]) -> tuple[Any, int]:
         """A DataFrame of the records in schema order; a record the schema rejects goes to
@@ -639,13 +696,23 @@ def _has_decimal(dtype: Any) -> bool:
 
 @dataclass
 class DrainResult:
+    """What a drain did: ``rows`` written to the table, ``bad`` messages written to
+    ``_bad_messages``, ``duplicates`` left out (a message id this drain had written
+    already, delivered again), in ``batches`` writes."""
+
     rows: int = 0
     batches: int = 0
     bad: int = 0
+    duplicates: int = 0
 
 
 def drain_to_parquet(spark: Any, topic: str, channel: str, endpoints: str | Sequence[str],
-                     path: str, *, max_rows: int | None = None, **reader_options: Any
+                     path: str, *, schema: Any = None, deserializer: str | Deserializer = "json",
+                     max_rows: int | None = None, batch_size: int = 10_000,
+                     batch_timeout: float = 5.0, idle_timeout: float | None = 10.0,
+                     msg_timeout_ms: int = 120_000, rdy_per_connection: int = 2500,
+                     metadata: bool = False, lookupd_http_addresses: Sequence[str] = (),
+                     lookupd_poll_interval: float = 60.0, dedupe_window: int = 1_000_000,
                      ) -> DrainResult:
     """Write ``topic``/``channel`` to Parquet at ``path`` (appending), one write per batch.
 
@@ -654,8 +721,10 @@ def drain_to_parquet(spark: Any, topic: str, channel: str, endpoints: str | Sequ
     cannot be decoded are written to ``<path>/_bad_messages`` (id, body,
     error), which Spark's readers skip as a hidden directory.  Stops when
     the topic stays idle for ``idle_timeout`` or after ``max_rows`` rows.
-    ``endpoints`` may be ``()`` with ``lookupd_http_addresses=[...]`` among the
-    reader options: the drain then reads from every broker that has the topic.
+    ``endpoints`` may be ``()`` with ``lookupd_http_addresses=[...]``: the drain
+    then reads from every broker that has the topic.  A message whose id is among
+    the last ``dedupe_window`` this drain wrote is not written again (counted in
+    ``duplicates``).  The other parameters are :class:`TopicReader`'s.
     """
     result = DrainResult()
     bad_schema = t.StructType([t.StructField("id", t.StringType()),
@@ -663,7 +732,15 @@ def drain_to_parquet(spark: Any, topic: str, channel: str, endpoints: str | Sequ
                                t.StructField("error", t.StringType())])
     local = _local_path(path)
     synced: set[str] = set()
-    with TopicReader(spark, topic, channel, endpoints, **reader_options) as reader:
+    reader = TopicReader(spark, topic, channel, endpoints, schema=schema,
+                         deserializer=deserializer, batch_size=batch_size,
+                         batch_timeout=batch_timeout, idle_timeout=idle_timeout,
+                         rdy_per_connection=rdy_per_connection,
+                         msg_timeout_ms=msg_timeout_ms, metadata=metadata,
+                         lookupd_http_addresses=lookupd_http_addresses,
+                         lookupd_poll_interval=lookupd_poll_interval,
+                         dedupe_window=dedupe_window)
+    with reader:
         for batch in reader.batches():
             if batch.rows:
                 batch.df.write.mode("append").parquet(path)
@@ -679,6 +756,7 @@ def drain_to_parquet(spark: Any, topic: str, channel: str, endpoints: str | Sequ
             result.rows += batch.rows
             result.batches += 1
             result.bad += len(batch.bad)
+            result.duplicates += batch.duplicates
             if max_rows is not None and result.rows >= max_rows:
                 break
     return result

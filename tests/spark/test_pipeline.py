@@ -6,10 +6,13 @@ import decimal
 import json
 import os
 import signal
+import sys
 import threading
 import time
+from collections import deque
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,7 +20,7 @@ from pyspark.sql import functions as F
 
 from tests.chaos.harness import BrokerProcess
 from tests.spark.conftest import start_broker
-from transport.client import Producer, discover
+from transport.client import Message, Producer, discover
 from transport.spark import (
     PartitionPublisher,
     PublishCounters,
@@ -311,3 +314,39 @@ def test_a_batch_held_longer_than_the_message_timeout_is_kept_by_touching(spark,
         assert (channel["timeout_count"], channel["depth"]) == (0, 0)
     finally:
         broker.stop()
+
+
+def test_a_message_the_reader_committed_is_left_out_when_it_comes_again(spark):
+    reader = TopicReader(spark, "t", "c", "tcp://127.0.0.1:1", schema=SCHEMA, dedupe_window=2)
+    session = SimpleNamespace(fins=deque(), outbox=deque(), thread=None)
+
+    def message(i: int) -> Message:
+        return Message(b"%016d" % i, json.dumps({"id": i, "name": "x"}).encode(), 0, 1,
+                       session)
+
+    first = reader._build([message(1), message(2)])
+    first.commit()
+    # a redelivery of 2 (its FIN lost with a broker) beside a new message
+    again = reader._build([message(2), message(3)])
+    assert (again.rows, again.duplicates) == (1, 1)
+    assert [r.id for r in again.df.collect()] == [3]
+    again.commit()
+    assert len(session.fins) == 4  # the duplicate is FINed with its batch
+    # the window holds the last two committed (2 and 3): 1 would be written again
+    assert reader._build([message(1), message(3)]).duplicates == 1
+
+
+def test_a_local_job_whose_worker_python_lacks_the_package_runs_on_the_drivers(
+        spark, broker):
+    # Given workers that would run an interpreter without this package (python3 from PATH
+    # outside the venv: every task failed with "No module named 'transport'")
+    sc = spark.sparkContext
+    before = sc.pythonExec
+    sc.pythonExec = "/nonexistent/python3"
+    try:
+        # When a DataFrame is published, Then the job runs on this interpreter instead
+        PartitionPublisher("workers", broker.zmq_endpoint).publish(rows_df(spark, 10, 1))
+        assert sc.pythonExec == sys.executable
+    finally:
+        sc.pythonExec = before
+    assert broker.stats("workers")["topics"][0]["message_count"] == 10
