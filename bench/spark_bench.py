@@ -11,7 +11,7 @@ options), builds a DataFrame of ``--rows`` rows whose JSON form is about
 * **parquet**: ``df.write.parquet(tmp)``, the ceiling of the Spark side (the
   same job with its rows going to local files instead of the broker);
 * **publish(df)**: ``PartitionPublisher(...).publish(df)``: rows to JSON in the
-  JVM (``df.toJSON()``), the Python workers publish MPUBs of 2000, 8
+  JVM (``to_json``), the Python workers publish MPUBs of 2000, 8
   pipelined, every acknowledgement awaited;
 * **foreachPartition**: ``df.foreachPartition(PartitionPublisher(...))``: the
   same, but the Python workers build each ``Row`` and serialise it.
