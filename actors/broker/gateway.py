@@ -175,15 +175,25 @@ class GatewayFacade:
 
     def health(self) -> str | None:
         """None if a publish can be taken: no storage failure since the last good
-        publish, every worker's actors answer the gateway (a scanner each, through
-        its dispatcher) within a second, and no queue has failed (an fsync error);
-        else why not."""
+        publish, the NSQ TCP and ZeroMQ listeners are listening, every worker's actors
+        answer the gateway (a scanner each, through its dispatcher) within a second,
+        and no queue has failed (an fsync error); else why not.  (The listeners start
+        beside the HTTP one: a /ping answered OK before the TCP port was bound sent a
+        client straight into "connection refused".)"""
         reason = health.reason()
         if reason is not None:
             return reason
+        listeners = ["listener:tcp", "listener:zmq"]
         scanners = [f"scanner:{i}" for i in range(self.placement.workers)]
-        for name, reply in zip(scanners, current_endpoint().ask_many(
-                [(s, Alive()) for s in scanners], HEALTH_TIMEOUT), strict=True):
+        replies = current_endpoint().ask_many(
+            [*((name, ListenerInfo()) for name in listeners),
+             *((s, Alive()) for s in scanners)], HEALTH_TIMEOUT)
+        for name, reply in zip(listeners, replies[:len(listeners)], strict=True):
+            if isinstance(reply, Exception):
+                return f"{name} does not answer: {reply}"
+            if reply.get("error"):
+                return str(reply["error"])
+        for name, reply in zip(scanners, replies[len(listeners):], strict=True):
             if isinstance(reply, Exception):
                 node = self.placement.node_for(name)
                 return f"{node} does not answer: {reply}"
