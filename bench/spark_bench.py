@@ -14,7 +14,10 @@ options), builds a DataFrame of ``--rows`` rows whose JSON form is about
   JVM (``to_json``), the Python workers publish MPUBs of 2000, 8
   pipelined, every acknowledgement awaited;
 * **foreachPartition**: ``df.foreachPartition(PartitionPublisher(...))``: the
-  same, but the Python workers build each ``Row`` and serialise it.
+  same, but the Python workers build each ``Row`` and serialise it;
+* **drain_to_parquet**: the topic ``publish(df)`` filled, back to Parquet with
+  the default reader (batches of 10,000, each written, fsynced and FINed);
+  #16's target is >= 1.0x ``publish(df)``.
 
 One untimed round of both comes first (Python workers and the JVM warm up).
 It prints the medians and the ratios to parquet (the target is >= 0.5).
@@ -37,7 +40,7 @@ from pyspark.sql import functions as F
 
 from actors.broker import Broker
 from actors.broker.options import BrokerOptions
-from transport.spark import PartitionPublisher, PublishCounters, to_json
+from transport.spark import PartitionPublisher, PublishCounters, drain_to_parquet, to_json
 
 
 def main() -> None:
@@ -68,7 +71,7 @@ def main() -> None:
                 df = (spark.range(0, a.rows, numPartitions=a.partitions)
                       .withColumn("payload", F.expr(f"repeat('x', {pad})"))).cache()
                 df.count()
-                parquet, publish, rows_path = [], [], []
+                parquet, publish, rows_path, drain = [], [], [], []
                 # one untimed round first: Spark's Python workers and the JIT warm up
                 df.write.parquet(os.path.join(tmp, f"warm-{size}"))
                 PartitionPublisher(f"warm_{size}", broker.zmq_endpoint).publish(df)
@@ -92,12 +95,22 @@ def main() -> None:
                             df.foreachPartition(publisher)
                         rates.append(a.rows / (time.perf_counter() - t))
                         assert counters.values()["published"] == a.rows, counters.values()
+                        if how == "publish":  # and back: the topic to Parquet
+                            out = os.path.join(tmp, f"drain-{size}-{run}")
+                            t = time.perf_counter()
+                            result = drain_to_parquet(spark, topic, "drain", broker.zmq_endpoint,
+                                                      out, schema="id long, payload string",
+                                                      max_rows=a.rows, idle_timeout=10)
+                            drain.append(a.rows / (time.perf_counter() - t))
+                            assert result.rows == a.rows, result
+                            shutil.rmtree(out)
                         broker.topic_command(topic, "delete")
                 df.unpersist()
                 p, q = statistics.median(publish), statistics.median(parquet)
-                r = statistics.median(rows_path)
+                r, d = statistics.median(rows_path), statistics.median(drain)
                 print(f"{size:>5} B: publish(df) {p:>9,.0f} rows/s ({p * size / 1e6:5.1f} MB/s)"
-                      f"  foreachPartition {r:>9,.0f}  parquet {q:>9,.0f} rows/s"
+                      f"  foreachPartition {r:>9,.0f}  drain_to_parquet {d:>9,.0f}"
+                      f" ({d / p:.2f}x publish(df))  parquet {q:>9,.0f} rows/s"
                       f"  ratio {p / q:.2f} / {r / q:.2f}"
                       f"  [publish(df) runs {', '.join(f'{x:,.0f}' for x in publish)}]")
     finally:
