@@ -292,7 +292,9 @@ class ChannelState:
 
     def _not_held(self, items: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
         """`items` less the messages held here already (by id).  A copy at another place
-        than the one held is acked: the held copy is what stays."""
+        than the held one's on disk (another position, the delayed store) is acked: the
+        held copy is what stays; one held only in memory leaves the disk copy un-acked,
+        so a crash before that copy is finished delivers it again rather than lose it."""
         if not (self.in_flight or self.deferred):
             self.reread = False
             return items
@@ -304,7 +306,7 @@ class ChannelState:
                 self.deferred.get(msg_id, (None, _NOT_HELD))[1])
             if handle is _NOT_HELD:
                 out.append((position, encoded))
-            elif handle != position:
+            elif handle is not None and handle != position:
                 self.effects.disk_ack.append(position)
         return out
 
