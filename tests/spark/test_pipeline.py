@@ -291,7 +291,8 @@ def test_one_bad_message_in_a_batch_of_10k_costs_itself_and_names_its_field(
     assert (channel["timeout_count"], channel["requeue_count"]) == (0, 0)
 
 
-def test_a_batch_held_longer_than_the_message_timeout_is_kept_by_touching(spark, tmp_path):
+def test_a_batch_held_longer_than_the_message_timeout_is_kept_by_touching(spark, tmp_path,
+                                                                           monkeypatch):
     # Given a broker whose messages time out after 2 s
     broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log",
                            extra_args=("--msg-timeout", "2s"))
@@ -304,8 +305,12 @@ def test_a_batch_held_longer_than_the_message_timeout_is_kept_by_touching(spark,
                          msg_timeout_ms=2_000, idle_timeout=5, batch_timeout=1) as reader:
             batch = next(reader.batches())
             assert batch.rows == 50
-            # When the batch is held for three timeouts before its commit
-            time.sleep(6)  # the held time under test: the keeper must TOUCH meanwhile
+            # When the batch is held until the keeper has touched each message three times
+            # (three half-timeouts: past the 2 s timeout) before its commit
+            touches = []
+            touch = Message.touch
+            monkeypatch.setattr(Message, "touch", lambda m: (touches.append(m.id), touch(m)))
+            wait_until(lambda: len(touches) >= 3 * 50, 30, "three rounds of TOUCH")
             batch.commit()
         # Then nothing timed out and nothing came again
         wait_until(lambda: broker.stats("slow")["topics"][0]["channels"][0]["in_flight_count"]
