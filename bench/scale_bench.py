@@ -80,22 +80,26 @@ class Broker:
     zmq: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     nsqd: str = NSQD_DEFAULT
+    extra: list[str] = field(default_factory=list)  # flags both brokers take (--mem-queue-size=0)
+    tree: str | None = None  # ours from another checkout (PYTHONPATH), to compare two builds
 
     def command(self) -> list[str]:
         if self.kind == "nsqd":
             return [self.nsqd, f"--data-path={self.data}",
                     f"--tcp-address=127.0.0.1:{self.tcp}",
-                    f"--http-address=127.0.0.1:{self.http}", "--log-level=warn"]
+                    f"--http-address=127.0.0.1:{self.http}", "--log-level=warn", *self.extra]
         return [sys.executable, "-m", "actors.broker", "--data-path", self.data,
                 "--tcp-address", f"127.0.0.1:{self.tcp}",
                 "--http-address", f"127.0.0.1:{self.http}",
-                "--zmq-address", f"tcp://127.0.0.1:{self.zmq}", "--log-level", "warn"]
+                "--zmq-address", f"tcp://127.0.0.1:{self.zmq}", "--log-level", "warn",
+                *self.extra]
 
     def start(self, timeout: float = 60.0) -> float:
         """Start and wait for /ping; returns the seconds it took."""
         os.makedirs(self.data, exist_ok=True)
         started = time.monotonic()
-        self.proc = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL,
+        env = None if self.tree is None else {**os.environ, "PYTHONPATH": self.tree}
+        self.proc = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, env=env, cwd=self.tree,
                                      stderr=subprocess.DEVNULL)  # inherits the raised fd limit
         while time.monotonic() - started < timeout:
             with contextlib.suppress(OSError, http.client.HTTPException):

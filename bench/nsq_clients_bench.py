@@ -1,0 +1,166 @@
+"""NSQ's own bench clients against nsqd and ours, side by side in one run (#17).
+
+    python -m bench.nsq_clients_bench [--rounds 3] [--runfor 5] [--sizes 100,1024]
+                                      [--brokers nsqd,ours] [--batch-size 200]
+                                      [--mem-queue-size N] [--bin ../shared/nsq/bin]
+
+``--brokers`` also takes ``ours@/path/to/checkout`` to run another build of
+ours beside this one (its tree on ``PYTHONPATH``), e.g. the build before a change.
+
+Each round starts every broker afresh (empty data directory, ports from the
+OS), the brokers alternating, and runs three cases with NSQ v1.3.0's
+``bench_writer`` / ``bench_reader`` (one connection per Go thread, as they do):
+
+* **PUB**: ``bench_writer --batch-size B`` for ``--runfor`` seconds on a topic
+  whose channel ``ch`` exists (so publishing includes the fan-out to it);
+* **SUB**: ``bench_reader`` drains that backlog for half as long (so that a
+  reader faster than the writer still has work for its whole run; a run that
+  emptied the channel is marked ``*``: its rate is a floor);
+* **PUB+SUB**: both at once on a fresh topic, started together by
+  ``--deadline``; the lower of the two rates is the case's figure (both printed).
+
+It prints each run, then per case the median of the rounds and the ratio of
+each broker to the first one listed (medians of per-round ratios, since the
+machine's speed drifts between rounds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from bench.scale_bench import Broker
+
+BIN_DEFAULT = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "nsq", "bin")
+RATE = re.compile(rb"([0-9.]+)ops/s")
+
+
+@dataclass
+class Runs:
+    """rates[case][broker] -> one figure per round."""
+
+    rates: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+
+    def add(self, case: str, broker: str, rate: float) -> None:
+        self.rates.setdefault(case, {}).setdefault(broker, []).append(rate)
+
+
+def _tool(bin_dir: str, name: str) -> str:
+    path = os.path.join(bin_dir, name)
+    return path if os.path.exists(path) else shutil.which(name) or name
+
+
+def _rate(out: bytes, name: str) -> float:
+    m = RATE.search(out)
+    if m is None:
+        raise RuntimeError(f"{name} printed no rate: {out.decode(errors='replace')[-400:]}")
+    return float(m.group(1))
+
+
+def _depth(broker: Broker, topic: str) -> int:
+    """The channel's depth (memory + disk), from nsqd's /stats JSON (ours answers the same)."""
+    import json
+
+    stats = json.loads(broker.get(f"/stats?format=json&topic={topic}"))
+    stats = stats.get("data", stats)  # nsqd wraps it with ?format=json in old versions
+    for t in stats["topics"]:
+        if t["topic_name"] == topic:
+            return sum(c["depth"] for c in t["channels"])
+    return 0
+
+
+def _create(broker: Broker, topic: str) -> None:
+    broker.get(f"/topic/create?topic={topic}", b"")
+    broker.get(f"/channel/create?topic={topic}&channel=ch", b"")
+
+
+def run_case(bin_dir: str, broker: Broker, case: str, topic: str, size: int, batch: int,
+             runfor: float) -> tuple[float, float | None, str]:
+    """Returns (writer or reader rate, the other rate for PUB+SUB, a mark)."""
+    addr = f"--nsqd-tcp-address=127.0.0.1:{broker.tcp}"
+    writer = [_tool(bin_dir, "bench_writer"), addr, f"--topic={topic}", f"--size={size}",
+              f"--batch-size={batch}"]
+    reader = [_tool(bin_dir, "bench_reader"), addr, f"--topic={topic}", "--channel=ch",
+              f"--size={size}"]
+    if case == "PUB":
+        _create(broker, topic)
+        out = subprocess.run([*writer, f"--runfor={runfor}s"], capture_output=True, timeout=runfor + 60)
+        return _rate(out.stderr + out.stdout, "bench_writer"), None, ""
+    if case == "SUB":
+        out = subprocess.run([*reader, f"--runfor={runfor / 2}s"], capture_output=True,
+                             timeout=runfor + 60)
+        emptied = _depth(broker, topic) == 0
+        return _rate(out.stderr + out.stdout, "bench_reader"), None, "*" if emptied else ""
+    # PUB+SUB: both start at the same deadline (whole seconds, as the tools parse it)
+    _create(broker, topic)
+    start = (datetime.datetime.now() + datetime.timedelta(seconds=2)).strftime("%Y-%m-%d %H:%M:%S")
+    procs = [subprocess.Popen([*cmd, f"--runfor={runfor}s", f"--deadline={start}"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for cmd in (writer, reader)]
+    outs = [p.communicate(timeout=runfor + 60)[0] for p in procs]
+    w, r = _rate(outs[0], "bench_writer"), _rate(outs[1], "bench_reader")
+    return min(w, r), max(w, r), "w" if w < r else "r"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--runfor", type=float, default=5.0, help="seconds per PUB and PUB+SUB run")
+    ap.add_argument("--sizes", default="100,1024")
+    ap.add_argument("--batch-size", type=int, default=200)
+    ap.add_argument("--brokers", default="nsqd,ours")
+    ap.add_argument("--cases", default="PUB,SUB,PUB+SUB")
+    ap.add_argument("--mem-queue-size", type=int, default=None,
+                    help="passed to both brokers (0: every message through the disk queue)")
+    ap.add_argument("--bin", default=BIN_DEFAULT, help="where nsqd and the bench tools are")
+    args = ap.parse_args(argv)
+    extra = [] if args.mem_queue_size is None else [f"--mem-queue-size={args.mem_queue_size}"]
+    brokers = args.brokers.split(",")
+    cases = args.cases.split(",")
+    print(f"nsq_clients_bench: {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M')}, "
+          f"brokers {brokers}, extra flags {extra}, runfor {args.runfor}s, batch {args.batch_size}")
+    for size in (int(s) for s in args.sizes.split(",")):
+        runs = Runs()
+        for rnd in range(args.rounds):
+            order = brokers if rnd % 2 == 0 else brokers[::-1]
+            for name in order:
+                kind, _, tree = name.partition("@")
+                data = tempfile.mkdtemp(prefix="nsqbench")
+                broker = Broker(kind, os.path.join(data, "data"), extra=extra, tree=tree or None,
+                                nsqd=_tool(args.bin, "nsqd"))
+                try:
+                    broker.start()
+                    for case in cases:
+                        topic = f"{'pub' if case != 'PUB+SUB' else 'pubsub'}_{size}_{rnd}"
+                        lo, hi, mark = run_case(args.bin, broker, case, topic, size,
+                                                args.batch_size, args.runfor)
+                        runs.add(case, name, lo)
+                        other = f" (the other side {hi:,.0f}; {mark} is lower)" if hi else ""
+                        print(f"  {size:>5} B round {rnd} {name:<12} {case:<8} {lo:>10,.0f} "
+                              f"msgs/s{mark if case == 'SUB' else ''}{other}", flush=True)
+                finally:
+                    broker.stop()
+                    shutil.rmtree(data, ignore_errors=True)
+        print(f"== {size} B: median msgs/s, and the median of per-round ratios to {brokers[0]}")
+        for case, by in runs.rates.items():
+            base = by[brokers[0]]
+            cells = []
+            for name in brokers:
+                ratio = statistics.median(v / b for v, b in zip(by[name], base, strict=True))
+                cells.append(f"{name} {statistics.median(by[name]):,.0f} ({ratio:.2f}x)")
+            print(f"  {case:<8} " + " | ".join(cells))
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
