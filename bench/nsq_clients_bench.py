@@ -83,7 +83,7 @@ def _create(broker: Broker, topic: str) -> None:
     broker.get(f"/channel/create?topic={topic}&channel=ch", b"")
 
 
-def run_case(bin_dir: str, broker: Broker, case: str, topic: str, size: int, batch: int,
+def run_case(bin_dir: str, broker: Broker, case: str, topic: str, *, size: int, batch: int,
              runfor: float) -> tuple[float, float | None, str]:
     """Returns (writer or reader rate, the other rate for PUB+SUB, a mark)."""
     addr = f"--nsqd-tcp-address=127.0.0.1:{broker.tcp}"
@@ -93,10 +93,11 @@ def run_case(bin_dir: str, broker: Broker, case: str, topic: str, size: int, bat
               f"--size={size}"]
     if case == "PUB":
         _create(broker, topic)
-        out = subprocess.run([*writer, f"--runfor={runfor}s"], capture_output=True, timeout=runfor + 60)
+        out = subprocess.run([*writer, f"--runfor={runfor}s"], check=True, capture_output=True,
+                             timeout=runfor + 60)
         return _rate(out.stderr + out.stdout, "bench_writer"), None, ""
     if case == "SUB":
-        out = subprocess.run([*reader, f"--runfor={runfor / 2}s"], capture_output=True,
+        out = subprocess.run([*reader, f"--runfor={runfor / 2}s"], check=True, capture_output=True,
                              timeout=runfor + 60)
         emptied = _depth(broker, topic) == 0
         return _rate(out.stderr + out.stdout, "bench_reader"), None, "*" if emptied else ""
@@ -141,8 +142,8 @@ def main(argv: list[str] | None = None) -> int:
                     broker.start()
                     for case in cases:
                         topic = f"{'pub' if case != 'PUB+SUB' else 'pubsub'}_{size}_{rnd}"
-                        lo, hi, mark = run_case(args.bin, broker, case, topic, size,
-                                                args.batch_size, args.runfor)
+                        lo, hi, mark = run_case(args.bin, broker, case, topic, size=size,
+                                                batch=args.batch_size, runfor=args.runfor)
                         runs.add(case, name, lo)
                         other = f" (the other side {hi:,.0f}; {mark} is lower)" if hi else ""
                         print(f"  {size:>5} B round {rnd} {name:<12} {case:<8} {lo:>10,.0f} "

@@ -99,8 +99,9 @@ class Broker:
         os.makedirs(self.data, exist_ok=True)
         started = time.monotonic()
         env = None if self.tree is None else {**os.environ, "PYTHONPATH": self.tree}
-        self.proc = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, env=env, cwd=self.tree,
-                                     stderr=subprocess.DEVNULL)  # inherits the raised fd limit
+        # (the child inherits the raised fd limit)
+        self.proc = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, env=env,
+                                     cwd=self.tree, stderr=subprocess.DEVNULL)
         while time.monotonic() - started < timeout:
             with contextlib.suppress(OSError, http.client.HTTPException):
                 if self.get("/ping").startswith(b"OK"):
