@@ -805,7 +805,8 @@ class DiskQueue:
             pending, order, early = self._pending, self._order, self._acked_early
             positions = list(positions)
             n = len(positions)
-            if 1 < n <= len(order) and [p for p, _ in itertools.islice(order, n)] == positions \
+            if 1 < n <= len(order) and order[0][0] == positions[0] \
+                    and [p for p, _ in itertools.islice(order, n)] == positions \
                     and pending.issuperset(positions):
                 # The oldest pending records, in read order (a consumer FINing a batch):
                 # no acked-early bookkeeping, the floor moves past all of them.  (A record
@@ -818,18 +819,15 @@ class DiskQueue:
                 while order and order[0][0] in early:
                     early.remove(popleft()[0])
             else:
-                done = []
-                for pos in positions:
-                    if pos not in pending:
-                        continue
-                    pending.remove(pos)
-                    done.append(pos)
-                    if order[0][0] == pos:
-                        order.popleft()
-                        while order and order[0][0] in early:
-                            early.remove(order.popleft()[0])
-                    else:
-                        early.add(pos)
+                # Out of read order (several consumers FINing their own runs): set
+                # operations in C, then the floor moves past whatever is acked at its head.
+                acked = pending.intersection(positions)
+                done = list(acked)
+                pending.difference_update(acked)
+                early.update(acked)
+                popleft = order.popleft
+                while order and order[0][0] in early:
+                    early.remove(popleft()[0])
             if not done:
                 return 0
             self._c["acks"] += len(done)

@@ -418,17 +418,21 @@ class ChannelState:
     def pump(self, now: int) -> None:
         """Deliver ready messages to random ready clients; ask for disk reads.
 
-        The hottest code of the broker: one ready client (the common case)
-        takes a whole run at once; several get one random pick per message.
+        The hottest code of the broker.  Each ready client, in a random order,
+        takes its share of the ready messages (an equal part, at most its
+        room) as one run, with no per-message choice; with ``max_attempts``
+        every message is looked at (dead letters), one random pick each.
         """
         if self.paused:
             return
         if self.ready:
             ready_clients = [c for c in self.clients.values() if c.in_flight < c.rdy]
-            if len(ready_clients) == 1 and not self.max_attempts:
-                self._deliver_run(ready_clients[0], now)
-            elif ready_clients:
+            if self.max_attempts:
                 self._deliver_each(ready_clients, now)
+            elif len(ready_clients) == 1:
+                self._deliver_run(ready_clients[0], now, len(self.ready))
+            elif ready_clients:
+                self._deliver_shares(ready_clients, now)
         if (not self.ready and self.disk_depth and not self.reading and self.durable
                 and any(c.in_flight < c.rdy for c in self.clients.values())):
             # Read only for a client with room (as nsqd's messagePump): a backlog
@@ -437,9 +441,24 @@ class ChannelState:
             self.put_since_read = 0
             self.effects.disk_read = self.read_batch
 
-    def _deliver_run(self, client: ClientState, now: int) -> None:
-        """As many messages as `client` has room for, as one run."""
-        handles, msgs = self.ready.take(client.rdy - client.in_flight)
+    def _deliver_shares(self, ready_clients: list[ClientState], now: int) -> None:
+        """Several ready clients: in a random order, each takes an equal share of what is
+        ready (at most its room) as one run; passes repeat while messages and room remain
+        (the clients that filled up have left the list)."""
+        ready = self.ready
+        while ready and ready_clients:
+            self.rng.shuffle(ready_clients)
+            left = len(ready_clients)
+            for client in ready_clients:
+                self._deliver_run(client, now, -(-len(ready) // left))  # ceil
+                left -= 1
+                if not ready:
+                    return
+            ready_clients = [c for c in ready_clients if c.in_flight < c.rdy]
+
+    def _deliver_run(self, client: ClientState, now: int, limit: int) -> None:
+        """Up to ``limit`` messages (at most what `client` has room for), as one run."""
+        handles, msgs = self.ready.take(min(limit, client.rdy - client.in_flight))
         name = client.name
         # in-flight items (encoded, handle, client) are made by zip, in C
         self.in_flight.push_run([m[10:26] for m in msgs], now + client.msg_timeout_ns,

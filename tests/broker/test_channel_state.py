@@ -61,19 +61,48 @@ def test_a_first_delivery_shows_attempts_1():
     assert attempts_of(m) == 1
 
 
-def test_each_message_goes_to_a_random_ready_client():
-    # Given three clients with a large RDY and a seeded rng
+def test_ready_clients_share_a_batch_equally_as_runs():
+    # Given three clients with a large RDY
     ch = channel(mem_queue_size=10_000, rng=random.Random(42))
     for c in "abc":
         ch.subscribe(c, 60 * SECOND)
         ch.set_rdy(c, 2500)
-    ch.put(msgs(3000))
+    sent = msgs(3000)
+    ch.put(sent)
     got = deliver(ch)
-    counts = Counter({c: len(v) for c, v in got.items()})
-    # Then every client gets about a third (a 5-sigma band of a fair split)
-    assert sum(counts.values()) == 3000
-    for c in "abc":
-        assert 870 <= counts[c] <= 1130, counts
+    # Then each takes a third, as one run of consecutive messages
+    assert sorted(len(v) for v in got.values()) == [1000, 1000, 1000]
+    for run in got.values():
+        start = sent.index(run[0])
+        assert run == sent[start : start + 1000]
+
+
+def test_a_client_with_less_room_takes_what_fits_and_the_others_the_rest():
+    ch = channel(mem_queue_size=10_000, rng=random.Random(3))
+    for c, rdy in (("a", 10), ("b", 2500), ("c", 2500)):
+        ch.subscribe(c, 60 * SECOND)
+        ch.set_rdy(c, rdy)
+    ch.put(msgs(1000))
+    counts = {c: len(v) for c, v in deliver(ch).items()}
+    assert counts["a"] == 10
+    assert counts["b"] + counts["c"] == 990
+    assert abs(counts["b"] - counts["c"]) <= 500  # equal shares of what a left
+
+
+def test_who_gets_a_single_ready_message_is_random():
+    # Given two ready clients and messages arriving one at a time
+    ch = channel(mem_queue_size=10_000, rng=random.Random(42))
+    for c in "ab":
+        ch.subscribe(c, 60 * SECOND)
+        ch.set_rdy(c, 2500)
+    counts: Counter[str] = Counter()
+    for i in range(2000):
+        ch.put(msgs(1, start=i))
+        for c, v in deliver(ch).items():
+            counts[c] += len(v)
+    # Then each gets about half (a 5-sigma band of a fair coin)
+    assert counts["a"] + counts["b"] == 2000
+    assert 888 <= counts["a"] <= 1112, counts
 
 
 def test_a_client_stops_receiving_when_its_in_flight_reaches_rdy():
