@@ -51,12 +51,15 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--drain-batch-size", type=int, default=None,
+                    help="batch_size of drain_to_parquet (default: its own)")
     a = ap.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     tmp = tempfile.mkdtemp(prefix="sparkbench", dir="/tmp")
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"Python {platform.python_version()}; load {os.getloadavg()}")
     print(f"{a.rows} rows, {a.partitions} partitions, master {a.master}, {a.runs} runs each")
+    drain_options = {} if a.drain_batch_size is None else {"batch_size": a.drain_batch_size}
     spark = (SparkSession.builder.master(a.master).appName("spark-bench")
              .config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false").getOrCreate())
@@ -100,7 +103,8 @@ def main() -> None:
                             t = time.perf_counter()
                             result = drain_to_parquet(spark, topic, "drain", broker.zmq_endpoint,
                                                       out, schema="id long, payload string",
-                                                      max_rows=a.rows, idle_timeout=10)
+                                                      max_rows=a.rows, idle_timeout=10,
+                                                      **drain_options)
                             drain.append(a.rows / (time.perf_counter() - t))
                             assert result.rows == a.rows, result
                             shutil.rmtree(out)

@@ -229,6 +229,35 @@ def test_drain_keeps_messages_it_cannot_read_aside(spark, broker, tmp_path):
     assert channel["in_flight_count"] == 0
 
 
+def test_bodies_not_one_whole_json_object_are_bad_and_line_breaks_are_fine(
+        spark, broker, tmp_path):
+    # Given good bodies, bodies with line breaks, and bodies that are not one whole JSON
+    # object (a parser that reads a first value and ignores the rest would take some)
+    good = [json.dumps({"id": i, "name": f"n{i}"}).encode() for i in range(10)]
+    pretty = json.dumps({"id": 10, "name": "two\nlines"}, indent=2).encode()  # line breaks
+    crlf = b'{"id": 11,\r\n "name": "crlf"}'
+    bad = [b'{"id": 12}, "name": "spills"',  # a whole object, then more
+           b"null", b'{"id": 13, "name": "\xff\xfe"}',  # not UTF-8
+           b'{"id": 14, "name": "x"',  # cut short
+           json.dumps({"id": 2**70, "name": "too big"}).encode()]
+    with Producer(broker.zmq_endpoint) as p:
+        p.publish_batch("lines", [*good, pretty, crlf, *bad])
+    out = tmp_path / "out"
+    result = drain_to_parquet(spark, "lines", "c", broker.zmq_endpoint, str(out),
+                              schema=SCHEMA, idle_timeout=3, batch_timeout=1)
+    # Then the readable ones are rows (line breaks and all) and the rest are bad, each
+    # with its reason
+    assert (result.rows, result.bad) == (12, 5)
+    rows = {r.id: r.name for r in spark.read.parquet(str(out)).collect()}
+    assert rows == {**{i: f"n{i}" for i in range(10)}, 10: "two\nlines", 11: "crlf"}
+    reasons = {bytes(b.body): b.error
+               for b in spark.read.parquet(str(out / "_bad_messages")).collect()}
+    assert set(reasons) == set(bad)
+    assert reasons[bad[0]].startswith("cannot decode")
+    assert reasons[bad[1]] == "cannot decode: expected an object, got NoneType"
+    assert reasons[bad[4]].startswith("does not fit the schema")
+
+
 def test_a_cluster_found_through_a_lookup_daemon_takes_and_gives_back_every_row(
         spark, tmp_path):
     from actors.lookupd import Lookupd, LookupdOptions
