@@ -433,13 +433,17 @@ class ChannelState:
                 self._deliver_run(ready_clients[0], now, len(self.ready))
             elif ready_clients:
                 self._deliver_shares(ready_clients, now)
-        if (not self.ready and self.disk_depth and not self.reading and self.durable
-                and any(c.in_flight < c.rdy for c in self.clients.values())):
-            # Read only for a client with room (as nsqd's messagePump): a backlog
-            # nobody consumes stays on disk, and its queue may close its files.
-            self.reading = True
-            self.put_since_read = 0
-            self.effects.disk_read = self.read_batch
+        if not self.ready and self.disk_depth and not self.reading and self.durable:
+            # Read only for clients with room (as nsqd's messagePump): a backlog nobody
+            # consumes stays on disk, and its queue may close its files.  As much as
+            # they have room for, within [read_batch, 8 x read_batch]: fewer round trips
+            # to the disk queue and bigger deliveries when many clients wait.
+            room = sum(c.rdy - c.in_flight for c in self.clients.values()
+                       if c.in_flight < c.rdy)
+            if room:
+                self.reading = True
+                self.put_since_read = 0
+                self.effects.disk_read = min(max(room, self.read_batch), 8 * self.read_batch)
 
     def _deliver_shares(self, ready_clients: list[ClientState], now: int) -> None:
         """Several ready clients: in a random order, each takes an equal share of what is

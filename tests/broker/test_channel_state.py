@@ -280,6 +280,20 @@ def test_a_backlog_on_disk_is_read_only_for_a_client_with_room():
     assert ch.take_effects().disk_read == ch.read_batch
 
 
+@pytest.mark.parametrize(("rdys", "read"), [((1,), 512), ((100, 100), 512), ((2500,), 2500),
+                                            ((2500, 1000, 0), 3500), ((2500,) * 4, 4096)])
+def test_a_disk_read_asks_for_what_the_ready_clients_have_room_for(rdys, read):
+    # Given a backlog on disk and clients with this much room between them
+    ch = channel(mem_queue_size=0, read_batch=512)
+    ch.restore(100_000, [])
+    for i, rdy in enumerate(rdys):
+        ch.subscribe(f"c{i}", SECOND)
+        ch.set_rdy(f"c{i}", rdy)
+    # Then one read asks for that much, at least read_batch and at most 8 x read_batch
+    ch.pump(0)
+    assert ch.take_effects().disk_read == read
+
+
 def test_beyond_the_memory_queue_messages_go_to_disk_and_come_back_in_batches():
     ch = channel(mem_queue_size=2)
     ch.put(msgs(5))
