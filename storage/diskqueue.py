@@ -195,6 +195,7 @@ class DiskQueue:
         self._order: deque[tuple[int, int]] = deque()  # (position, index in chunk), read order
         self._pending: set[int] = set()
         self._acked_early: set[int] = set()
+        self._read_mark = self._meta_read = 0  # see `read_before` (set by `_recover`)
         self._skip: set[int] = set()
         self._journal_fd = -1
         self._journal_entries = 0
@@ -326,6 +327,9 @@ class DiskQueue:
         self._rchunk, self._roff, self._rskip, self._rdecoded = r_chunk, r_off, r_skip, index
         self._cchunk, self._cidx, self._cursor = r_chunk, index, cursor
         self._rstate = self._meta_state = (cursor, index)
+        # Everything below this position was handed out before the queue was last
+        # closed or crashed (as far as the last metadata write knew): `read_before`
+        self._read_mark = self._meta_read = int(meta.get("read", 0)) if self.ack_mode else 0
         self._oldest = r_chunk
         if meta.get("chunks") != [self._oldest, self._wchunk]:
             self._put_meta(self._meta_state)  # record the live range (a new queue: at once)
@@ -506,6 +510,13 @@ class DiskQueue:
             self._rcond.notify_all()
 
     # ------------------------------------------------------------------- read
+
+    def read_before(self, position: int) -> bool:
+        """Ack mode: whether the record at `position` was handed out before this queue
+        was opened (read, not acked, then a crash or a close): a consumer got it, or
+        may have, so delivering it again is another attempt.  As far as the last
+        metadata write knew: reads after it (at most a sync interval's) say False."""
+        return position < self._read_mark
 
     def depth(self) -> int:
         """Messages put and not yet read (ack mode: not yet read, or un-acked before a restart)."""
@@ -866,9 +877,11 @@ class DiskQueue:
         return state
 
     def _write_meta(self, *, force: bool = False) -> None:
-        """Persist the read position (ack mode: the floor) if it moved (meta lock held)."""
+        """Persist the read position (ack mode: the floor, and how far reads went) if it
+        moved (meta lock held)."""
         state = self._floor()
-        if state == self._meta_state and not force:
+        if state == self._meta_state and not force and (
+                not self.ack_mode or max(self._rstate[0], self._read_mark) == self._meta_read):
             return
         self._put_meta(state)
         self._meta_state = state
@@ -882,6 +895,8 @@ class DiskQueue:
         cursor, index = state
         meta: dict[str, Any] = {"version": META_VERSION, "cursor": cursor, "index": index,
                                 "chunks": [self._oldest, self._wchunk]}
+        if self.ack_mode:  # how far reads went: what was handed out before (`read_before`)
+            meta["read"] = self._meta_read = max(self._rstate[0], self._read_mark)
         if closed is not None:
             meta["closed"] = closed
         write_json(self._meta_path, meta)

@@ -125,8 +125,8 @@ class ChannelActor(Actor):
                 s.put_deferred([(m, due) for m, due in items])
                 self._confirm_when_written(confirm, s.effects.delayed_add,
                                            self.defer_confirms)
-            case DqMessages(items=items, depth=depth):
-                s.from_disk(items, depth)
+            case DqMessages(items=items, depth=depth, again=again):
+                s.from_disk(items, depth, again)
             case DqWriteFailed(count=count):
                 s.disk_depth = max(0, s.disk_depth - count)  # those never reached the disk
             case Sub(client=client, msg_timeout_ms=timeout_ms, info=info):

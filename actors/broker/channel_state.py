@@ -265,14 +265,18 @@ class ChannelState:
         for encoded, due in items:
             self._defer(encoded, None, due)
 
-    def from_disk(self, items: list[tuple[int, bytes]], depth: int) -> None:
+    def from_disk(self, items: list[tuple[int, bytes]], depth: int, again: int = 0) -> None:
         """A batch read from the disk queue: `(position, encoded)`, and the queue's unread
         count when it read them.  That count, plus what was sent to it after the read was
         asked for, is the disk depth: counting down by what came back would drift after
         a restart, and "nothing came back, so empty" would forget writes queued behind
-        the read (their messages then stayed on disk, unread, until the next restart)."""
+        the read (their messages then stayed on disk, unread, until the next restart).
+        The first `again` items were handed out before a crash or a restart (not FINed):
+        their next delivery shows one attempt more, as a timeout's would."""
         self.reading = False
         self.disk_depth = depth + self.put_since_read
+        if again:
+            items = [(h, next_attempt(m)) for h, m in items[:again]] + items[again:]
         if self.reread:
             items = self._not_held(items)
         self.ready.extend(items)

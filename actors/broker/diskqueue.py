@@ -124,6 +124,9 @@ class DqMessages:
 
     items: list[tuple[int, bytes]]
     depth: int
+    again: int = 0
+    """How many of the first items were handed out before the queue last closed or
+    crashed (`DiskQueue.read_before`): delivering them again is another attempt."""
 
 
 @message
@@ -323,7 +326,10 @@ class DiskQueueActor(Actor):
                     self.tell(owner, DqWriteFailed(len(messages), "disk full or failing"))
             case DqRead(limit=limit, reply_to=reply_to):
                 items = q.read_many(limit)
-                self.tell(reply_to, DqMessages(items, q.depth()))
+                again = 0
+                if items and isinstance(q, DiskQueue) and q.read_before(items[0][0]):
+                    again = sum(1 for p, _ in items if q.read_before(p))
+                self.tell(reply_to, DqMessages(items, q.depth(), again))
             case DqAck(positions=positions):
                 q.ack_many(positions)
             case DqDefer(entries=entries, confirms=confirms):

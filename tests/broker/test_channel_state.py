@@ -484,3 +484,18 @@ def test_a_second_copy_deferred_keeps_one_and_releases_the_other():
     assert fx.disk_ack == [9]
     assert not fx.delayed_add  # the deferred copy stays
     assert len(ch.deferred) == 1
+
+
+def test_messages_handed_out_before_a_restart_come_back_with_one_attempt_more():
+    # Given a channel whose disk queue says the first two of a read were handed out
+    # before it restarted (a crash: delivered, never FINed)
+    ch = channel(mem_queue_size=0)
+    ch.subscribe("a", SECOND)
+    ch.set_rdy("a", 10)
+    ch.restore(3, [])
+    ch.pump(0)
+    ch.take_effects()
+    ch.from_disk([(p, m) for p, m in enumerate(msgs(3))], 0, again=2)
+    got = deliver(ch)["a"]
+    # Then their delivery counts that earlier one, and the third is a first attempt
+    assert [attempts_of(m) for m in got] == [2, 2, 1]

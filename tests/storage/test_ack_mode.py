@@ -205,3 +205,37 @@ def test_a_close_without_sync_lets_go_of_the_files_without_an_fsync_or_a_close_r
     assert depth == q.depth() == 39
     assert [m for _, m in q.read_many(100)] == [b"m%03d" % i for i in range(1, 40)]
     q.close()
+
+
+def test_a_reopened_queue_says_which_records_it_had_handed_out_before(open_queue):
+    # Given records read (handed out) and not all acked, the read position synced,
+    # then more put and never read
+    q = open_queue(ack_mode=True)
+    q.put_many([b"a", b"b", b"c"])
+    recs = q.read_many(3)
+    q.ack(recs[1][0])
+    q.sync()
+    q.put_many([b"d", b"e"])
+    # When the queue "crashes" (dropped without close) and is opened again
+    q2 = open_queue("q", ack_mode=True)
+    again = q2.read_many(10)
+    # Then the records handed out before are known as such, and the others are not
+    assert [(m, q2.read_before(p)) for p, m in again] == [
+        (b"a", True), (b"c", True), (b"d", False), (b"e", False)]
+    # And a clean close keeps that knowledge for what is still not acked
+    q2.ack(again[0][0])
+    q2.close()
+    q3 = open_queue("q", ack_mode=True)
+    assert [(m, q3.read_before(p)) for p, m in q3.read_many(10)] == [
+        (b"c", True), (b"d", True), (b"e", True)]
+
+
+def test_reads_after_the_last_metadata_write_are_not_known_after_a_crash(open_queue):
+    q = open_queue(ack_mode=True)
+    q.put_many([b"a", b"b"])
+    q.read_many(1)
+    q.sync()
+    q.read_many(1)  # no sync after this read: the crash forgets it
+    q2 = open_queue("q", ack_mode=True)
+    assert [(m, q2.read_before(p)) for p, m in q2.read_many(10)] == [
+        (b"a", True), (b"b", False)]
