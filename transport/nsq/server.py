@@ -177,7 +177,10 @@ class _Conn(BaseConn):
 
 
 def _write_parts(conn: Any, parts: list[bytes]) -> None:
-    conn.write(b"".join(parts) if len(parts) > 1 else parts[0])
+    try:
+        conn.write(b"".join(parts) if len(parts) > 1 else parts[0])
+    except Exception:  # one connection's failure must not cost the others their writes
+        log.exception("tcp write to %s failed", getattr(conn, "name", "?"))
 
 
 class LoopServer:
@@ -267,7 +270,10 @@ class LoopServer:
                 parts = []
             last = conn
             if data is None:
-                conn.close()
+                try:
+                    conn.close()
+                except Exception:
+                    log.exception("tcp close of %s failed", getattr(conn, "name", "?"))
             else:
                 parts.append(data)
         if parts:
