@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import re
 import shutil
@@ -68,13 +69,10 @@ def _rate(out: bytes, name: str) -> float:
 
 def _depth(broker: Broker, topic: str) -> int:
     """The channel's depth (memory + disk), from nsqd's /stats JSON (ours answers the same)."""
-    import json
-
     stats = json.loads(broker.get(f"/stats?format=json&topic={topic}"))
-    stats = stats.get("data", stats)  # nsqd wraps it with ?format=json in old versions
-    for t in stats["topics"]:
+    for t in stats["topics"] or []:
         if t["topic_name"] == topic:
-            return sum(c["depth"] for c in t["channels"])
+            return sum(c["depth"] for c in t["channels"] or [])
     return 0
 
 

@@ -881,10 +881,15 @@ class DiskQueue:
         moved (meta lock held)."""
         state = self._floor()
         if state == self._meta_state and not force and (
-                not self.ack_mode or max(self._rstate[0], self._read_mark) == self._meta_read):
+                not self.ack_mode or self._read_reach() == self._meta_read):
             return
         self._put_meta(state)
         self._meta_state = state
+
+    def _read_reach(self) -> int:
+        """How far reads went, for the metadata: this life's, or an earlier life's mark
+        until this one passes it (a second crash soon after a first still knows)."""
+        return max(self._rstate[0], self._read_mark)
 
     def _put_meta(self, state: tuple[int, int], closed: dict[str, int] | None = None) -> None:
         """Write the metadata: ``state`` as the read position, and the live chunk range.
@@ -896,7 +901,7 @@ class DiskQueue:
         meta: dict[str, Any] = {"version": META_VERSION, "cursor": cursor, "index": index,
                                 "chunks": [self._oldest, self._wchunk]}
         if self.ack_mode:  # how far reads went: what was handed out before (`read_before`)
-            meta["read"] = self._meta_read = max(self._rstate[0], self._read_mark)
+            meta["read"] = self._meta_read = self._read_reach()
         if closed is not None:
             meta["closed"] = closed
         write_json(self._meta_path, meta)

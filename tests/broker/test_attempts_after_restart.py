@@ -4,23 +4,15 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.broker.test_broker_actors import wait_for
 from tests.chaos.harness import BrokerProcess
 from transport.client import Consumer, Message, Producer
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _wait(check, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)  # poll interval of the condition above
 
 
 def _read_mark_written(data: Path) -> bool:
@@ -49,7 +41,7 @@ def _take(broker: BrokerProcess, n: int, publish: list[bytes] = ()) -> tuple[Con
                         max_in_flight=100)
     consumer.start()
     if publish:
-        _wait(lambda: any(c["channel_name"] == "c"
+        wait_for(lambda: any(c["channel_name"] == "c"
                           for t in broker.stats("again")["topics"] or []
                           for c in t["channels"] or []), 30, "the subscription")
         with Producer(broker.zmq_endpoint) as p:
@@ -69,7 +61,7 @@ def test_a_message_in_flight_when_the_broker_is_killed_comes_back_as_attempt_2(t
         consumer, first = _take(broker, 3, [b"one", b"two", b"three"])
         assert [m.attempts for m in first] == [1, 1, 1]
         # (the channel's queue has written down how far it read: the barrier for the kill)
-        _wait(lambda: _read_mark_written(tmp_path / "data"), 30, "the read mark")
+        wait_for(lambda: _read_mark_written(tmp_path / "data"), 30, "the read mark")
         consumer.close()
         # When the whole broker is killed and started again
         broker.kill_all()

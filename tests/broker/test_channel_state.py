@@ -405,14 +405,20 @@ def test_memory_only_lists_what_a_clean_shutdown_must_write():
     assert len(ch.memory_only()) == 3  # 2 queued + 1 in flight; the disk one is durable
 
 
-def test_writes_sent_behind_a_read_count_in_the_disk_depth_whatever_the_read_brought():
-    # Given a channel reading its disk queue, which holds 2 messages by its own count
+def reading_from_disk(depth: int) -> ChannelState:
+    """A channel with a ready client, reading its disk queue (`depth` on disk by its count)."""
     ch = channel(mem_queue_size=0)
     ch.subscribe("a", SECOND)
     ch.set_rdy("a", 10)
-    ch.restore(2, [])
+    ch.restore(depth, [])
     ch.pump(0)
     assert ch.take_effects().disk_read
+    return ch
+
+
+def test_writes_sent_behind_a_read_count_in_the_disk_depth_whatever_the_read_brought():
+    # Given a channel reading its disk queue, which holds 2 messages by its own count
+    ch = reading_from_disk(2)
     # When 3 more are written while the read is on its way, and the read finds nothing
     # (the count of 2 was stale: the queue had reopened and counts 0 unread)
     ch.put(msgs(3))
@@ -489,12 +495,7 @@ def test_a_second_copy_deferred_keeps_one_and_releases_the_other():
 def test_messages_handed_out_before_a_restart_come_back_with_one_attempt_more():
     # Given a channel whose disk queue says the first two of a read were handed out
     # before it restarted (a crash: delivered, never FINed)
-    ch = channel(mem_queue_size=0)
-    ch.subscribe("a", SECOND)
-    ch.set_rdy("a", 10)
-    ch.restore(3, [])
-    ch.pump(0)
-    ch.take_effects()
+    ch = reading_from_disk(3)
     ch.from_disk([(p, m) for p, m in enumerate(msgs(3))], 0, again=2)
     got = deliver(ch)["a"]
     # Then their delivery counts that earlier one, and the third is a first attempt
