@@ -43,6 +43,7 @@ opens ``ceil(batch_size / rdy_per_connection)`` connections per broker.
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import datetime as dt
 import decimal
@@ -55,6 +56,7 @@ import queue
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -62,8 +64,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
+import orjson
 from pyspark import RDD, TaskContext
 from pyspark.serializers import UTF8Deserializer
+from pyspark.sql import Observation
 from pyspark.sql import functions as F
 from pyspark.sql import types as t
 from pyspark.sql.types import _make_type_verifier
@@ -378,6 +382,9 @@ class Batch:
     committed: bool = False
     duplicates: int = 0
     _on_commit: Callable[[list[Message]], None] | None = field(default=None, repr=False)
+    _release: Callable[[], None] | None = field(default=None, repr=False)
+    # (a drain's batch: its refused lines are known once its write has read them all)
+    _settle: Callable[[Batch], None] | None = field(default=None, repr=False)
 
     def commit(self) -> None:
         for m in self.messages:
@@ -404,6 +411,14 @@ class TopicReader:
     last ``dedupe_window`` this reader committed (a redelivery, e.g. after a FIN
     lost with a broker); ``Batch.duplicates`` counts them, and they are FINed
     with the batch.
+
+    With the JSON deserializer, Spark's own JSON reader makes the rows: the
+    driver only checks that each body is one whole JSON object and stages the
+    batch as JSON lines under ``staging_path`` (a local temporary directory by
+    default; on a cluster whose executors do not share the driver's disk, a
+    path they can read, e.g. on HDFS), and a batch's DataFrame reads that file
+    until the next batch is asked for (write or cache it before).  Other
+    deserializers build the rows in Python.
     """
 
     def __init__(self, spark: Any, topic: str, channel: str,
@@ -413,34 +428,38 @@ class TopicReader:
                  idle_timeout: float | None = 10.0, rdy_per_connection: int = 2500,
                  msg_timeout_ms: int = 120_000, metadata: bool = False,
                  lookupd_http_addresses: Sequence[str] = (),
-                 lookupd_poll_interval: float = 60.0, dedupe_window: int = 0) -> None:
+                 lookupd_poll_interval: float = 60.0, dedupe_window: int = 0,
+                 staging_path: str | None = None) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be positive")
         # ids of messages committed lately, oldest first: a redelivery of one is left out
         self._seen: dict[bytes, None] = {}
         self._dedupe_window = dedupe_window
         self.spark = spark
-        self.schema: t.StructType | None = (t._parse_datatype_string(schema)
-                                          if isinstance(schema, str) else schema)
-        if metadata and self.schema is not None:
-            self.schema = t.StructType([
-                *self.schema.fields,
-                t.StructField("_nsq_id", t.StringType()),
-                t.StructField("_nsq_timestamp", t.LongType()),
-                t.StructField("_nsq_attempts", t.IntegerType())])
+        # the bodies' schema (None: inferred from the first batch); `schema` is the
+        # DataFrame's, with the metadata columns
+        self._body_schema: t.StructType | None = (t._parse_datatype_string(schema)
+                                                  if isinstance(schema, str) else schema)
         self.decode = _deserializer(deserializer)
-        if deserializer == "json" and self.schema is not None and _has_decimal(self.schema):
+        self._staging = (_Staging(spark, staging_path)
+                         if deserializer == "json" and _spark_reads_json(self._body_schema)
+                         else None)
+        if deserializer == "json" and self._body_schema is not None \
+                and _has_decimal(self._body_schema):
             # exact decimals: Spark's JSON writes them as numbers, which floats would round
             self.decode = functools.partial(json.loads, parse_float=decimal.Decimal)
         self.batch_size = batch_size
         self.batch_timeout = batch_timeout
         self.idle_timeout = idle_timeout
         self.metadata = metadata
+        self._batches = 0
+        self._refused_after_write = False  # (drain_to_parquet's: see _from_json_lines)
         self._arrived: queue.SimpleQueue[Message] = queue.SimpleQueue()
         eps = _addresses(endpoints, lookupd_http_addresses)
         # (with lookup daemons the brokers are not known yet: room for one to take all)
         brokers = len(eps) if eps and not lookupd_http_addresses else 1
-        per_broker = math.ceil(batch_size / (brokers * rdy_per_connection))
+        # room for two batches: the next one arrives while Spark writes this one
+        per_broker = math.ceil(2 * batch_size / (brokers * rdy_per_connection))
         # Every message delivered and not yet FINed or requeued, with when it was last
         # delivered or touched: the keeper touches those held for half the timeout, so
         # a batch that takes long to write (or waits for the next) never times out
@@ -450,7 +469,7 @@ class TopicReader:
         self._keeper: threading.Thread | None = None
         self._closing = threading.Event()
         self.consumer = Consumer(topic, channel, self._delivered, list(eps),
-                                 max_in_flight=batch_size, msg_timeout_ms=msg_timeout_ms,
+                                 max_in_flight=2 * batch_size, msg_timeout_ms=msg_timeout_ms,
                                  auto_finish=False, connections_per_broker=per_broker,
                                  max_rdy_per_connection=rdy_per_connection,
                                  lookupd_http_addresses=lookupd_http_addresses,
@@ -460,6 +479,15 @@ class TopicReader:
         self._verify: Callable[[Any], None] | None = None
         self._verified: Any = None
         self._convert: Callable[[Any], Any] = lambda v: v
+
+    @property
+    def schema(self) -> t.StructType | None:
+        """The schema of the batches' DataFrames (the bodies', then the metadata
+        columns); None until the first batch when it is inferred."""
+        body = self._body_schema
+        if body is None or not self.metadata:
+            return body
+        return t.StructType([*body.fields, *_METADATA_FIELDS])
 
     def __enter__(self) -> TopicReader:
         return self
@@ -502,7 +530,11 @@ class TopicReader:
                 m.requeue(0)
             self.consumer.close()
             self._started = False
+        if self._pending is not None and self._pending._release is not None:
+            self._pending._release()
         self._pending = None
+        if self._staging is not None:
+            self._staging.close()
 
     def batches(self) -> Iterator[Batch]:
         """Yield micro-batches; a batch not committed by the next step is requeued."""
@@ -514,10 +546,13 @@ class TopicReader:
                                              daemon=True)
             self._keeper.start()
         while True:
-            if self._pending is not None and not self._pending.committed:
-                log.warning("batch of %d messages was not committed; requeued",
-                            len(self._pending.messages))
-                self._pending.requeue()
+            if self._pending is not None:
+                if not self._pending.committed:
+                    log.warning("batch of %d messages was not committed; requeued",
+                                len(self._pending.messages))
+                    self._pending.requeue()
+                if self._pending._release is not None:
+                    self._pending._release()
             self._pending = None
             messages = self._gather()
             if not messages:
@@ -554,13 +589,114 @@ class TopicReader:
             del seen[next(iter(seen))]
 
     def _build(self, messages: list[Message]) -> Batch:
-        records: list[tuple[Message, Any]] = []
+        fresh = [m for m in messages if m.id not in self._seen]
         bad: list[BadMessage] = []
-        duplicates = 0
+        if self._staging is not None:
+            df, rows, release, settle = self._from_json_lines(fresh, bad)
+        else:
+            df, rows = self._from_rows(fresh, bad)
+            release = settle = None
+        return Batch(df, rows, bad, messages, duplicates=len(messages) - len(fresh),
+                     _on_commit=self._remember if self._dedupe_window else None,
+                     _release=release, _settle=settle)
+
+    def _from_json_lines(self, messages: list[Message], bad: list[BadMessage]
+                         ) -> tuple[Any, int, Callable[[], None] | None,
+                                    Callable[[Batch], None] | None]:
+        """The batch through Spark's JSON reader: each body that is one whole JSON
+        object becomes a line (wrapped with its index and metadata) of a staged file;
+        a line the reader cannot fit to the schema is bad, with the reason the Python
+        converter gives (one job finds those, a second, the caller's, reads the rest)."""
+        assert self._staging is not None
+        kept: list[tuple[Message, bytes]] = []
+        lines = []
+        meta = self.metadata
         for m in messages:
-            if m.id in self._seen:
-                duplicates += 1
+            try:
+                body = _json_line(m.body)
+            except ValueError as e:
+                bad.append(BadMessage(m.id, m.body, f"cannot decode: {e}"))
                 continue
+            if meta:
+                lines.append(b'{"_nsq_i":%d,"_nsq_id":%b,"_nsq_timestamp":%d,'
+                             b'"_nsq_attempts":%d,"_nsq_body":%b}' % (
+                                 len(kept), orjson.dumps(m.id.decode("ascii", "replace")),
+                                 m.timestamp, m.attempts, body))
+            else:
+                lines.append(b'{"_nsq_i":%d,"_nsq_body":%b}' % (len(kept), body))
+            kept.append((m, body))
+        if not kept:
+            return None, 0, None, None
+        self._batches += 1
+        where = self._staging.write(f"batch-{self._batches}.json", b"\n".join(lines))
+        try:
+            reader = self.spark.read
+            if self._body_schema is None:  # Spark's inference, over this first batch
+                inferred = reader.json(where).schema["_nsq_body"].dataType
+                self._body_schema = t.StructType(list(inferred.fields))
+            staged = reader.schema(_staged_schema(self._body_schema)) \
+                .options(mode="PERMISSIVE", columnNameOfCorruptRecord="_nsq_corrupt") \
+                .json(where)
+            columns = [F.col(f"_nsq_body.`{f.name.replace('`', '``')}`").alias(f.name)
+                       for f in self._body_schema.fields]
+            if self.metadata:
+                columns += [F.col(f.name) for f in _METADATA_FIELDS]
+            release = functools.partial(self._staging.remove, where)
+            if self._refused_after_write:
+                # One job: the write reads every column, so the corrupt column finds
+                # each refused line, and an observation brings them back with it.
+                seen = Observation()
+                df = staged.observe(seen, F.collect_list("_nsq_corrupt").alias("refused")) \
+                    .where(F.col("_nsq_corrupt").isNull()).select(*columns)
+
+                def settle(batch: Batch) -> None:
+                    found = seen.get["refused"]
+                    lines = str(found.mkString("\n")).split("\n") if found.size() else []
+                    batch.bad.extend(self._refused(kept, lines))
+                    batch.rows -= len(lines)
+                return df, len(kept), release, settle
+            # (the whole body selected: Spark's reader parses only the columns a query
+            # needs, and finds a line bad only in those)
+            refused = [r["_nsq_corrupt"] for r in staged
+                       .where(F.col("_nsq_corrupt").isNotNull())
+                       .select("_nsq_corrupt", "_nsq_body").collect()]
+        except BaseException:
+            self._staging.remove(where)
+            raise
+        out = self._refused(kept, refused)
+        bad.extend(out)
+        # the refused lines left out by index: a query of some columns parses only
+        # those, so the corrupt column would not find them again
+        indices = [_line_index(text) for text in refused]
+        df = (staged.where(~F.col("_nsq_i").isin(indices)) if indices else staged) \
+            .select(*columns)
+        return df, len(kept) - len(refused), release, None
+
+    def _refused(self, kept: list[tuple[Message, bytes]], lines: list[str]) -> list[BadMessage]:
+        """The messages of the staged `lines` Spark's JSON reader refused, each with the
+        reason the Python converter gives."""
+        out = []
+        for text in lines:
+            m, body = kept[_line_index(text)]
+            out.append(BadMessage(m.id, m.body, f"does not fit the schema: {self._why(body)}"))
+        return out
+
+    def _why(self, body: bytes) -> str:
+        """Why the Python converter refuses `body` (Spark's JSON reader did)."""
+        assert self._body_schema is not None
+        convert = _row_converter(self._body_schema)
+        try:
+            row = convert(self.decode(body))
+            _make_type_verifier(self._body_schema)(row)
+        except (ValueError, TypeError, AttributeError, ArithmeticError) as e:
+            return str(e)
+        return "Spark's JSON reader cannot read it as the schema's types"
+
+    def _from_rows(self, messages: list[Message], bad: list[BadMessage]) -> tuple[Any, int]:
+        """The batch built in Python: decoded, converted and checked row by row (a bad
+        row costs its own time, not its batch's), then handed to Spark."""
+        records: list[tuple[Message, Any]] = []
+        for m in messages:
             try:
                 value = self.decode(m.body)
                 if not isinstance(value, dict):
@@ -572,22 +708,17 @@ class TopicReader:
                 value = {**value, "_nsq_id": m.id.decode("ascii", "replace"),
                          "_nsq_timestamp": m.timestamp, "_nsq_attempts": m.attempts}
             records.append((m, value))
-        if self.schema is None and records:
-            self.schema = self.spark.createDataFrame([r for _, r in records[:1000]]).schema
-        df, count = self._frame(records, bad)
-        return Batch(df, count, bad, messages, duplicates=duplicates,
-                     _on_commit=self._remember if self._dedupe_window else None)
-
-    def _frame(self, records: list[tuple[Message, Any]], bad: list[BadMessage]) -> tuple[Any, int]:
-        """A DataFrame of the records in schema order; a record the schema rejects goes to
-        `bad`, saying which field (each row is checked on its own, in Python: a bad one
-        costs its own time, not its batch's)."""
-        if self.schema is None:
+        if self._body_schema is None and records:
+            inferred = self.spark.createDataFrame([r for _, r in records[:1000]]).schema
+            meta = {f.name for f in _METADATA_FIELDS} if self.metadata else set()
+            self._body_schema = t.StructType([f for f in inferred.fields if f.name not in meta])
+        schema = self.schema
+        if schema is None:
             return None, 0
-        if self._verify is None or self._verified is not self.schema:
-            self._convert = _row_converter(self.schema)
-            self._verify = _make_type_verifier(self.schema)
-            self._verified = self.schema
+        if self._verify is None or self._verified is not self._body_schema:
+            self._convert = _row_converter(schema)
+            self._verify = _make_type_verifier(schema)
+            self._verified = self._body_schema
         convert, verify = self._convert, self._verify
         rows = []
         for m, value in records:
@@ -598,7 +729,101 @@ class TopicReader:
                 bad.append(BadMessage(m.id, m.body, f"does not fit the schema: {e}"))
                 continue
             rows.append(row)
-        return self.spark.createDataFrame(rows, self.schema, verifySchema=False), len(rows)
+        return self.spark.createDataFrame(rows, schema, verifySchema=False), len(rows)
+
+
+_METADATA_FIELDS = (t.StructField("_nsq_id", t.StringType()),
+                    t.StructField("_nsq_timestamp", t.LongType()),
+                    t.StructField("_nsq_attempts", t.IntegerType()))
+
+
+def _staged_schema(body: t.StructType) -> t.StructType:
+    """The schema of a staged line: its index, the metadata, the body, and the column
+    where Spark's JSON reader puts a line it cannot read as the rest."""
+    return t.StructType([t.StructField("_nsq_i", t.IntegerType()), *_METADATA_FIELDS,
+                         t.StructField("_nsq_body", body),
+                         t.StructField("_nsq_corrupt", t.StringType())])
+
+
+def _line_index(text: str) -> int:
+    """The index a staged line starts with."""
+    return int(text[len('{"_nsq_i":'):text.index(",")])
+
+
+def _json_line(body: bytes) -> bytes:
+    """`body` as one line of a JSON-lines file if it is one whole JSON object (Spark's
+    reader takes the first value of a line and ignores the rest, so it cannot be the
+    judge); ValueError saying why not."""
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        value = json.loads(body)  # what JSON allows and orjson not: NaN, 65-bit integers
+    if not isinstance(value, dict):
+        raise ValueError(f"expected an object, got {type(value).__name__}")
+    if b"\n" in body or b"\r" in body:
+        # In valid JSON a line break can only be whitespace between tokens (in a string
+        # it is escaped): a space reads the same.
+        body = body.replace(b"\n", b" ").replace(b"\r", b" ")
+    return body
+
+
+def _spark_reads_json(dtype: Any) -> bool:
+    """Whether Spark's JSON reader reads `dtype` (None: inferred) as the JSON writers
+    wrote it: not maps whose keys are not strings (JSON's keys are)."""
+    if isinstance(dtype, t.MapType):
+        return isinstance(dtype.keyType, t.StringType) and _spark_reads_json(dtype.valueType)
+    if isinstance(dtype, t.StructType):
+        return all(_spark_reads_json(f.dataType) for f in dtype.fields)
+    if isinstance(dtype, t.ArrayType):
+        return _spark_reads_json(dtype.elementType)
+    return True
+
+
+class _Staging:
+    """Where a reader's batches wait as JSON-lines files for Spark's JSON reader: a local
+    directory (written by this process; a temporary one when no path is given) or any
+    path Hadoop's file systems reach (HDFS, S3...; written through the JVM)."""
+
+    def __init__(self, spark: Any, path: str | None) -> None:
+        self._spark = spark
+        self.path = tempfile.mkdtemp(prefix="topic-reader-") if path is None else path
+        self._local = _local_path(self.path)
+        if self._local is not None:
+            os.makedirs(self._local, exist_ok=True)
+
+    def _fs(self, where: str) -> tuple[Any, Any]:
+        jvm = self._spark._jvm
+        hpath = jvm.org.apache.hadoop.fs.Path(where)
+        return hpath.getFileSystem(self._spark._jsc.hadoopConfiguration()), hpath
+
+    def write(self, name: str, blob: bytes) -> str:
+        """Stage `blob` as `name`; the path for Spark's reader."""
+        where = self.path.rstrip("/") + "/" + name
+        if self._local is not None:
+            with open(os.path.join(self._local, name), "wb") as f:
+                f.write(blob)
+            return os.path.abspath(os.path.join(self._local, name))
+        fs, hpath = self._fs(where)
+        out = fs.create(hpath, True)
+        try:
+            out.write(bytearray(blob))
+        finally:
+            out.close()
+        return where
+
+    def remove(self, where: str) -> None:
+        if self._local is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(where)
+            return
+        fs, hpath = self._fs(where)
+        fs.delete(hpath, False)
+
+    def close(self) -> None:
+        """Remove a local staging directory once it is empty."""
+        if self._local is not None:
+            with contextlib.suppress(OSError):
+                os.rmdir(self._local)
 
 
 def _row_converter(schema: Any) -> Callable[[Any], Any]:
@@ -739,11 +964,15 @@ def drain_to_parquet(spark: Any, topic: str, channel: str, endpoints: str | Sequ
                          msg_timeout_ms=msg_timeout_ms, metadata=metadata,
                          lookupd_http_addresses=lookupd_http_addresses,
                          lookupd_poll_interval=lookupd_poll_interval,
-                         dedupe_window=dedupe_window)
+                         dedupe_window=dedupe_window,
+                         staging_path=path.rstrip("/") + "/" + _STAGING)
+    reader._refused_after_write = True
     with reader:
         for batch in reader.batches():
             if batch.rows:
                 batch.df.write.mode("append").parquet(path)
+            if batch._settle is not None:
+                batch._settle(batch)
             if batch.bad:
                 spark.createDataFrame([(b.id.decode("ascii", "replace"), b.body, b.error)
                                        for b in batch.bad], bad_schema) \
@@ -762,6 +991,9 @@ def drain_to_parquet(spark: Any, topic: str, channel: str, endpoints: str | Sequ
     return result
 
 
+_STAGING = "_staging"  # under a drain's path: hidden from Spark's readers, as _bad_messages
+
+
 def _local_path(path: str) -> str | None:
     if path.startswith("file:"):
         return path[len("file:"):].replace("///", "/", 1)
@@ -771,7 +1003,9 @@ def _local_path(path: str) -> str | None:
 def _fsync_tree(root: str, synced: set[str]) -> None:
     """fsync the files under `root` not in `synced`, and every directory (Spark's local
     writer does neither)."""
-    for directory, _, files in os.walk(root):
+    for directory, dirs, files in os.walk(root):
+        if directory == root and _STAGING in dirs:
+            dirs.remove(_STAGING)  # (batches waiting for Spark's reader, not the table)
         for name in files:
             full = os.path.join(directory, name)
             if full in synced:

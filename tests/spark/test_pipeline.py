@@ -200,6 +200,7 @@ def test_a_batch_not_committed_comes_back(spark, broker, tmp_path):
                      idle_timeout=5, batch_timeout=1, metadata=True) as reader:
         first = next(reader.batches())
         assert first.rows == 50
+        first_ids = {r._nsq_id for r in first.df.collect()}
         # The job "crashes" before its write committed: the reader closes without commit.
     with TopicReader(spark, "uncommitted", "c", broker.zmq_endpoint, schema=SCHEMA,
                      idle_timeout=5, batch_timeout=1, metadata=True) as reader:
@@ -208,7 +209,7 @@ def test_a_batch_not_committed_comes_back(spark, broker, tmp_path):
         again.commit()
     assert sorted(r.id for r in rows) == list(range(50))
     assert {r._nsq_attempts for r in rows} == {2}
-    assert {r._nsq_id for r in rows} == {r._nsq_id for r in first.df.collect()}
+    assert {r._nsq_id for r in rows} == first_ids
 
 
 def test_drain_keeps_messages_it_cannot_read_aside(spark, broker, tmp_path):
@@ -221,6 +222,7 @@ def test_drain_keeps_messages_it_cannot_read_aside(spark, broker, tmp_path):
                               schema=SCHEMA, idle_timeout=3, batch_timeout=1)
     assert (result.rows, result.bad) == (20, 3)
     assert sorted(read_ids(spark, out)) == list(range(20))  # _bad_messages is hidden from readers
+    assert not (out / "_staging").exists()  # each batch's staged lines went with it
     bad = spark.read.parquet(str(out / "_bad_messages")).collect()
     assert sorted(b.body for b in bad) == sorted(bodies[20:])
     assert {b.error.split(":")[0] for b in bad} == {"cannot decode", "does not fit the schema"}
@@ -384,3 +386,60 @@ def test_a_local_job_whose_worker_python_lacks_the_package_runs_on_the_drivers(
     finally:
         sc.pythonExec = before
     assert broker.stats("workers")["topics"][0]["message_count"] == 10
+
+
+def test_a_bad_row_stays_out_of_a_batch_queried_for_other_columns(spark, broker):
+    # Given a batch with one body whose second column does not fit the schema
+    bodies = [json.dumps({"id": i, "d": i / 2}).encode() for i in range(5)]
+    bodies.append(json.dumps({"id": 5, "d": "oops"}).encode())
+    with Producer(broker.zmq_endpoint) as p:
+        p.publish_batch("pruned", bodies)
+    with TopicReader(spark, "pruned", "c", broker.zmq_endpoint, schema="id long, d double",
+                     idle_timeout=5, batch_timeout=1) as reader:
+        batch = next(reader.batches())
+        # When only the first column is read (Spark's reader then parses only that)
+        ids = sorted(r.id for r in batch.df.select("id").collect())
+        batch.commit()
+    # Then the bad row is still left out, and reported once
+    assert (batch.rows, len(batch.bad)) == (5, 1)
+    assert ids == [0, 1, 2, 3, 4]
+    assert "field d: 'oops' is not a number" in batch.bad[0].error
+
+
+def test_a_batch_staged_through_hadoops_file_system_and_removed_after(
+        spark, broker, tmp_path, monkeypatch):
+    # Given a staging path the driver does not write itself (as HDFS or S3 would be:
+    # the file goes through the JVM's Hadoop file system)
+    import transport.spark as ts
+    monkeypatch.setattr(ts, "_local_path", lambda _path: None)
+    staging = tmp_path / "staging"
+    with Producer(broker.zmq_endpoint) as p:
+        p.publish_batch("hadoop", [json.dumps({"id": i, "name": f"n{i}"}).encode()
+                                   for i in range(30)])
+    with TopicReader(spark, "hadoop", "c", broker.zmq_endpoint, schema=SCHEMA,
+                     idle_timeout=5, batch_timeout=1, staging_path=f"file://{staging}") as reader:
+        batches = reader.batches()
+        batch = next(batches)
+        # Then Spark reads the rows from there while the batch lives
+        assert sorted(r.id for r in batch.df.collect()) == list(range(30))
+        assert [n for n in os.listdir(staging) if not n.startswith(".")] == ["batch-1.json"]
+        batch.commit()
+        # and the file goes when the next batch is asked for
+        assert next(batches, None) is None
+        assert os.listdir(staging) == []
+
+
+def test_map_keys_that_are_not_strings_come_back_through_the_python_rows(
+        spark, broker, tmp_path):
+    # Given rows with a map keyed by integers (JSON writes its keys as strings, which
+    # Spark's JSON reader cannot turn back into integers)
+    schema = "id long, m map<int,string>"
+    df = spark.createDataFrame([(1, {1: "a", 2: "b"}), (2, None), (3, {})], schema)
+    PartitionPublisher("int-keys", broker.zmq_endpoint).publish(df)
+    out = tmp_path / "out"
+    result = drain_to_parquet(spark, "int-keys", "c", broker.zmq_endpoint, str(out),
+                              schema=schema, idle_timeout=3, batch_timeout=1)
+    assert (result.rows, result.bad) == (3, 0)
+    got = {r.id: r.m for r in spark.read.parquet(str(out)).collect()}
+    assert got == {1: {1: "a", 2: "b"}, 2: None, 3: {}}
+    assert not (out / "_staging").exists()
