@@ -949,7 +949,10 @@ def drain_to_parquet(spark: Any, topic: str, channel: str, endpoints: str | Sequ
     ``endpoints`` may be ``()`` with ``lookupd_http_addresses=[...]``: the drain
     then reads from every broker that has the topic.  A message whose id is among
     the last ``dedupe_window`` this drain wrote is not written again (counted in
-    ``duplicates``).  The other parameters are :class:`TopicReader`'s.
+    ``duplicates``).  JSON batches are staged under ``<path>/_staging`` for
+    Spark's JSON reader, each removed with its batch, and the lines it refuses
+    come back from the write itself (an observation), so a batch is one job.
+    The other parameters are :class:`TopicReader`'s.
     """
     result = DrainResult()
     bad_schema = t.StructType([t.StructField("id", t.StringType()),
