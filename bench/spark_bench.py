@@ -17,7 +17,10 @@ options), builds a DataFrame of ``--rows`` rows whose JSON form is about
   same, but the Python workers build each ``Row`` and serialise it;
 * **drain_to_parquet**: the topic ``publish(df)`` filled, back to Parquet with
   the default reader (batches of 10,000, each written, fsynced and FINed);
-  #16's target is >= 1.0x ``publish(df)``.
+  #16's targets are >= 0.5x consume and >= 1.0x ``publish(df)``;
+* **consume**: the topic ``foreachPartition`` filled (the same rows), read by
+  the drain's client path without Spark: a ``Consumer`` with FIN held back, two
+  batches in flight, each batch FINed -- the broker's own consume rate.
 
 One untimed round of both comes first (Python workers and the JVM warm up).
 It prints the medians and the ratios to parquet (the target is >= 0.5).
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import queue
 import shutil
 import statistics
 import sys
@@ -40,6 +44,7 @@ from pyspark.sql import functions as F
 
 from actors.broker import Broker
 from actors.broker.options import BrokerOptions
+from transport.client import Consumer, Message
 from transport.spark import PartitionPublisher, PublishCounters, drain_to_parquet, to_json
 
 
@@ -74,7 +79,7 @@ def main() -> None:
                 df = (spark.range(0, a.rows, numPartitions=a.partitions)
                       .withColumn("payload", F.expr(f"repeat('x', {pad})"))).cache()
                 df.count()
-                parquet, publish, rows_path, drain = [], [], [], []
+                parquet, publish, rows_path, drain, consume = [], [], [], [], []
                 # one untimed round first: Spark's Python workers and the JIT warm up
                 df.write.parquet(os.path.join(tmp, f"warm-{size}"))
                 PartitionPublisher(f"warm_{size}", broker.zmq_endpoint).publish(df)
@@ -98,6 +103,11 @@ def main() -> None:
                             df.foreachPartition(publisher)
                         rates.append(a.rows / (time.perf_counter() - t))
                         assert counters.values()["published"] == a.rows, counters.values()
+                        if how == "rows":  # the broker's own consume rate, same client
+                            t = time.perf_counter()
+                            _consume(broker.zmq_endpoint, topic, a.rows,
+                                     drain_options.get("batch_size", 10_000))
+                            consume.append(a.rows / (time.perf_counter() - t))
                         if how == "publish":  # and back: the topic to Parquet
                             out = os.path.join(tmp, f"drain-{size}-{run}")
                             t = time.perf_counter()
@@ -112,14 +122,35 @@ def main() -> None:
                 df.unpersist()
                 p, q = statistics.median(publish), statistics.median(parquet)
                 r, d = statistics.median(rows_path), statistics.median(drain)
+                c = statistics.median(consume)
                 print(f"{size:>5} B: publish(df) {p:>9,.0f} rows/s ({p * size / 1e6:5.1f} MB/s)"
                       f"  foreachPartition {r:>9,.0f}  drain_to_parquet {d:>9,.0f}"
-                      f" ({d / p:.2f}x publish(df))  parquet {q:>9,.0f} rows/s"
+                      f" ({d / p:.2f}x publish(df), {d / c:.2f}x consume)"
+                      f"  consume {c:>9,.0f}  parquet {q:>9,.0f} rows/s"
                       f"  ratio {p / q:.2f} / {r / q:.2f}"
                       f"  [publish(df) runs {', '.join(f'{x:,.0f}' for x in publish)}]")
     finally:
         spark.stop()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _consume(endpoint: str, topic: str, rows: int, batch_size: int) -> None:
+    """Read `rows` messages of `topic` as the drain's reader does, without Spark: a
+    Consumer with FIN held back, room for two batches in flight, each batch FINed."""
+    got: queue.SimpleQueue[Message] = queue.SimpleQueue()
+    consumer = Consumer(topic, "consume", got.put, endpoint, max_in_flight=2 * batch_size,
+                        auto_finish=False, msg_timeout_ms=120_000,
+                        connections_per_broker=-(-2 * batch_size // 2500))
+    consumer.start()
+    try:
+        done = 0
+        while done < rows:
+            batch = [got.get(timeout=30) for _ in range(min(batch_size, rows - done))]
+            for m in batch:
+                m.finish()
+            done += len(batch)
+    finally:
+        consumer.close()
 
 
 if __name__ == "__main__":
