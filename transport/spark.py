@@ -17,7 +17,8 @@ either fails the task with :class:`BadRowError` (the default) or, with
 again after a broker failed to answer, and bad rows.
 
 ``publisher.foreach_batch`` is the same publisher as a Structured Streaming
-``foreachBatch`` sink.
+``foreachBatch`` sink; with ``epochs_path`` it marks each epoch it published
+in full, and does not publish a replayed epoch again.
 
 Delivery is at-least-once: a retried task, a retried streaming epoch or a
 broker that stored a batch but died before answering publishes rows again.
@@ -221,6 +222,7 @@ class PartitionPublisher:
     max_message_size: int = 1024 * 1024  # the broker's --max-msg-size
     bad_rows_topic: str | None = None
     counters: PublishCounters | None = None
+    epochs_path: str | None = None  # foreach_batch: where published epochs are marked
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lookupd_http_addresses", tuple(self.lookupd_http_addresses))
@@ -306,8 +308,50 @@ class PartitionPublisher:
             df.foreachPartition(self)
 
     def foreach_batch(self, batch_df: Any, epoch_id: int) -> None:
-        """A Structured Streaming sink: ``stream.writeStream.foreachBatch(p.foreach_batch)``."""
+        """A Structured Streaming sink: ``stream.writeStream.foreachBatch(p.foreach_batch)``.
+
+        With ``epochs_path`` (a directory on any Hadoop file system; give each
+        query its own, e.g. beside its checkpoint) an epoch whose rows were all
+        published is marked there, and a replay of a marked epoch -- Spark runs
+        the last epoch again when the query restarts from a checkpoint that had
+        not recorded it -- publishes nothing.  Without it, a replay publishes
+        its rows again (at least once)."""
+        if self.epochs_path is None:
+            self.publish(batch_df)
+            return
+        marks = _EpochMarks(batch_df.sparkSession, self.epochs_path)
+        if marks.done(epoch_id):
+            log.warning("epoch %d of %s was published before (a replay): not again",
+                        epoch_id, self.topic)
+            return
         self.publish(batch_df)
+        marks.mark(epoch_id)
+
+
+class _EpochMarks:
+    """One empty file per epoch a streaming sink published in full, named by its id,
+    through Hadoop's file systems (the ones Spark's checkpoints use).  The newest
+    ``keep`` stay: Spark replays only the last epoch, and keeps 100 in its own
+    checkpoint (``spark.sql.streaming.minBatchesToRetain``)."""
+
+    keep = 100
+
+    def __init__(self, spark: Any, root: str) -> None:
+        jvm = spark._jvm
+        self._path = jvm.org.apache.hadoop.fs.Path
+        self._root = self._path(root)
+        self._fs = self._root.getFileSystem(spark._jsc.hadoopConfiguration())
+
+    def _of(self, epoch: int) -> Any:
+        return self._path(self._root, str(epoch))
+
+    def done(self, epoch: int) -> bool:
+        return bool(self._fs.exists(self._of(epoch)))
+
+    def mark(self, epoch: int) -> None:
+        self._fs.create(self._of(epoch), True).close()
+        if epoch >= self.keep:
+            self._fs.delete(self._of(epoch - self.keep), False)
 
 
 _WORKERS_CHECKED: set[str] = set()

@@ -443,3 +443,36 @@ def test_map_keys_that_are_not_strings_come_back_through_the_python_rows(
     got = {r.id: r.m for r in spark.read.parquet(str(out)).collect()}
     assert got == {1: {1: "a", 2: "b"}, 2: None, 3: {}}
     assert not (out / "_staging").exists()
+
+
+def _stream_once(spark, source, checkpoint, publisher) -> None:
+    query = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
+             .writeStream.foreachBatch(publisher.foreach_batch)
+             .option("checkpointLocation", str(checkpoint))
+             .trigger(availableNow=True).start())
+    assert query.awaitTermination(120)
+
+
+def test_a_replayed_streaming_epoch_is_not_published_again(spark, broker, tmp_path):
+    # Given a stream of two files, one epoch each
+    source = tmp_path / "in"
+    source.mkdir()
+    for f in range(2):
+        (source / f"part-{f}.json").write_text(
+            "\n".join(json.dumps({"id": f * 100 + i, "name": "r"}) for i in range(100)))
+    published = {}
+    for topic, marked in (("replay-marked", True), ("replay-unmarked", False)):
+        checkpoint = tmp_path / topic
+        publisher = PartitionPublisher(
+            topic, broker.zmq_endpoint,
+            epochs_path=str(checkpoint / "published") if marked else None)
+        _stream_once(spark, source, checkpoint, publisher)
+        # When the query restarts from a checkpoint that had not recorded its last epoch
+        # (the driver died after the sink published it, before Spark's commit log)
+        for name in ("1", ".1.crc"):
+            if (checkpoint / "commits" / name).exists():
+                (checkpoint / "commits" / name).unlink()
+        _stream_once(spark, source, checkpoint, publisher)
+        published[topic] = broker.stats(topic)["topics"][0]["message_count"]
+    # Then Spark ran the epoch again, and only the sink without marks published it twice
+    assert published == {"replay-marked": 200, "replay-unmarked": 300}
