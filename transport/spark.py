@@ -614,15 +614,23 @@ class TopicReader:
             return []
         got[first.id] = first
         deadline = time.monotonic() + self.batch_timeout
-        while len(got) < self.batch_size:
+        arrived, size = self._arrived, self.batch_size
+        while len(got) < size:
+            try:  # what has arrived, without a timed wait each
+                while len(got) < size:
+                    m = arrived.get_nowait()
+                    got[m.id] = m  # a redelivery of a message already here replaces it
+                break
+            except queue.Empty:
+                pass
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
             try:
-                m = self._arrived.get(timeout=remaining)
+                m = arrived.get(timeout=remaining)
             except queue.Empty:
                 break
-            got[m.id] = m  # a redelivery of a message already here replaces it
+            got[m.id] = m
         return list(got.values())
 
     def _remember(self, messages: list[Message]) -> None:
