@@ -38,7 +38,8 @@ messages that could not be decoded to ``<path>/_bad_messages``, and commits.
 
 A batch is limited by in-flight messages, and the broker caps RDY at
 ``--max-rdy-count`` per connection (2,500 by default, as nsqd), so the reader
-opens ``ceil(batch_size / rdy_per_connection)`` connections per broker.
+opens ``ceil(2 * batch_size / rdy_per_connection)`` connections per broker:
+room for the next batch to arrive while this one is written.
 """
 
 from __future__ import annotations
