@@ -69,7 +69,7 @@ import msgpack
 import orjson
 from pyspark import RDD, TaskContext
 from pyspark.serializers import UTF8Deserializer
-from pyspark.sql import Observation
+from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 from pyspark.sql import types as t
 from pyspark.sql.types import _make_type_verifier
@@ -499,6 +499,7 @@ class TopicReader:
         self.metadata = metadata
         self._batches = 0
         self._refused_after_write = False  # (drain_to_parquet's: see _from_json_lines)
+        self._read_plan: _ReadPlan | None = None
         self._arrived: queue.SimpleQueue[Message] = queue.SimpleQueue()
         eps = _addresses(endpoints, lookupd_http_addresses)
         # (with lookup daemons the brokers are not known yet: room for one to take all)
@@ -683,24 +684,21 @@ class TopicReader:
         self._batches += 1
         where = self._staging.write(f"batch-{self._batches}.json", b"\n".join(lines))
         try:
-            reader = self.spark.read
             if self._body_schema is None:  # Spark's inference, over this first batch
-                inferred = reader.json(where).schema["_nsq_body"].dataType
+                inferred = self.spark.read.json(where).schema["_nsq_body"].dataType
                 self._body_schema = t.StructType(list(inferred.fields))
-            staged = reader.schema(_staged_schema(self._body_schema)) \
-                .options(mode="PERMISSIVE", columnNameOfCorruptRecord="_nsq_corrupt") \
-                .json(where)
-            columns = [F.col(f"_nsq_body.`{f.name.replace('`', '``')}`").alias(f.name)
-                       for f in self._body_schema.fields]
-            if self.metadata:
-                columns += [F.col(f.name) for f in _METADATA_FIELDS]
+            plan = self._plan()
+            staged = DataFrame(self.spark._jsparkSession.read().schema(plan.schema)
+                               .option("mode", "PERMISSIVE")
+                               .option("columnNameOfCorruptRecord", "_nsq_corrupt")
+                               .json(where), self.spark)
+            columns = plan.columns
             release = functools.partial(self._staging.remove, where)
             if self._refused_after_write:
                 # One job: the write reads every column, so the corrupt column finds
                 # each refused line, and an observation brings them back with it.
                 seen = Observation()
-                df = staged.observe(seen, F.collect_list("_nsq_corrupt").alias("refused")) \
-                    .where(F.col("_nsq_corrupt").isNull()).select(*columns)
+                df = staged.observe(seen, plan.refused).where(plan.readable).select(*columns)
 
                 def settle(batch: Batch) -> None:
                     found = seen.get["refused"]
@@ -724,6 +722,22 @@ class TopicReader:
         df = (staged.where(~F.col("_nsq_i").isin(indices)) if indices else staged) \
             .select(*columns)
         return df, len(kept) - len(refused), release, None
+
+    def _plan(self) -> _ReadPlan:
+        """The staged lines' schema (in the JVM) and the columns and conditions over them,
+        made once per schema (each is a py4j call or more; a batch would make ~140)."""
+        body = self._body_schema
+        assert body is not None
+        if self._read_plan is None or self._read_plan.body is not body:
+            columns = [F.col(f"_nsq_body.`{f.name.replace('`', '``')}`").alias(f.name)
+                       for f in body.fields]
+            if self.metadata:
+                columns += [F.col(f.name) for f in _METADATA_FIELDS]
+            self._read_plan = _ReadPlan(
+                body, self.spark._jsparkSession.parseDataType(_staged_schema(body).json()),
+                columns, F.col("_nsq_corrupt").isNull(),
+                F.collect_list("_nsq_corrupt").alias("refused"))
+        return self._read_plan
 
     def _refused(self, kept: list[tuple[Message, bytes]], lines: list[str]) -> list[BadMessage]:
         """The messages of the staged `lines` Spark's JSON reader refused, each with the
@@ -783,6 +797,15 @@ class TopicReader:
                 continue
             rows.append(row)
         return self.spark.createDataFrame(rows, schema, verifySchema=False), len(rows)
+
+
+@dataclass(frozen=True)
+class _ReadPlan:
+    body: t.StructType
+    schema: Any  # the staged lines' StructType, in the JVM
+    columns: list[Any]
+    readable: Any  # the lines the reader could read
+    refused: Any  # the lines it could not, as an observation's aggregate
 
 
 _METADATA_FIELDS = (t.StructField("_nsq_id", t.StringType()),
