@@ -131,6 +131,11 @@ class Broker:
         """The HTTP API's port (the bound one when ``--http-address`` asked for port 0)."""
         return int(self.listeners["http"]["port"])
 
+    @property
+    def https_port(self) -> int:
+        """The HTTPS API's port (0 without ``--https-address``)."""
+        return int(self.listeners["http"].get("https_port") or 0)
+
     def stop(self) -> bool:
         """Orderly shutdown; True if every process exited cleanly.  Releases the lock."""
         try:

@@ -576,8 +576,9 @@ class ChannelState:
 def client_entry(info: dict[str, Any], *, state: int, ready: int = 0, in_flight: int = 0,
                  messages: int = 0, finished: int = 0, requeued: int = 0) -> dict[str, object]:
     """A client in nsqd 1.3's /stats shape, field for field and type for type, from what
-    the client said of itself (`info`).  Compression and TLS are not offered yet: false
-    and empty.  (nsqd's states: 3 subscribed, 0 for a producer that never subscribed.)"""
+    the client said of itself (`info`), with its TLS version and cipher suite once
+    upgraded.  Compression is not offered yet: false.  (nsqd's states: 3 subscribed,
+    0 for a producer that never subscribed.)"""
     return {
         "client_id": str(info.get("client_id", "")),
         "hostname": str(info.get("hostname", "")),
@@ -590,6 +591,8 @@ def client_entry(info: dict[str, Any], *, state: int, ready: int = 0, in_flight:
         "sample_rate": int(info.get("sample_rate", 0)),
         "deflate": False, "snappy": False,
         "user_agent": str(info.get("user_agent", "")),
-        "tls": False, "tls_cipher_suite": "", "tls_version": "",
+        "tls": bool(info.get("tls_version")),
+        "tls_cipher_suite": str(info.get("tls_cipher_suite", "")),
+        "tls_version": str(info.get("tls_version", "")),
         "tls_negotiated_protocol": "", "tls_negotiated_protocol_is_mutual": False,
     }

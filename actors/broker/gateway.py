@@ -21,7 +21,7 @@ import os
 import secrets
 import socket
 import time
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import asdict, dataclass, is_dataclass, replace
 from typing import Any
 
 import psutil
@@ -46,6 +46,7 @@ from actors.runtime.actor import Actor, current_endpoint
 from actors.runtime.control import ControlClient
 from actors.runtime.placement import GATEWAY, Placement
 from actors.runtime.system import ActorSummary, ListActors
+from transport import tls
 from transport.mailbox.envelope import message
 from transport.nsq import codec as nsq_codec
 from transport.protocol import commands as pc
@@ -266,6 +267,12 @@ class _SessionConnection:
     def remote_address(self) -> str:
         return str(self.server.peer(self.session))
 
+    @property
+    def tls(self) -> dict[str, str]:
+        """TLS version, cipher suite, client certificate common name; empty in clear."""
+        tls = getattr(self.server, "tls", None)
+        return tls(self.session) if tls is not None else {}
+
 
 class ZmqConnection(_SessionConnection):
     """A ZeroMQ session: replies carry the request's correlation frame."""
@@ -385,7 +392,10 @@ class SocketListener(Actor):
         from transport.nsq.server import TcpServer  # noqa: PLC0415
 
         host, port = split_address(self.options.tcp_address)
-        return TcpServer(host, port, bridge, limits=limits, info=info)
+        context = tls.context_for(self.options)
+        return TcpServer(host, port, bridge, limits=limits,
+                         info=replace(info, tls_v1=context is not None),
+                         ssl_context=context, tls_required=self.options.tls_mode != "false")
 
     def on_start(self) -> None:
         # Client actor names carry this listener's life (a random token): the sessions
@@ -424,40 +434,57 @@ class SocketListener(Actor):
 
 
 class HttpListener(Actor):
-    """`listener:http`: nsqd's HTTP API (transport.http.api) on ``--http-address``."""
+    """`listener:http`: nsqd's HTTP API (transport.http.api) on ``--http-address``, and
+    over TLS on ``--https-address`` when it is set."""
 
     def __init__(self, name: str, options: BrokerOptions) -> None:
         super().__init__(name)
         self.options = options
         self.server: Any = None
+        self.https: Any = None
         self.error: str | None = None
         self.host, self.port = split_address(options.http_address)
+        self.https_port = 0
 
     def on_start(self) -> None:
-        facade = GatewayFacade(self.options)
+        o = self.options
+        facade = GatewayFacade(o)
+        address = o.http_address
         try:
             from transport.http.api import HttpServer  # noqa: PLC0415 - aiohttp only here
 
-            self.server = HttpServer(facade, Limits.from_options(self.options),
-                                     self.host, self.port)
+            limits = Limits.from_options(o)
+            if o.https_address:
+                address = o.https_address
+                host, port = split_address(o.https_address)
+                self.https = HttpServer(facade, limits, host, port,
+                                        ssl_context=tls.context_for(o)).start()
+                self.https_port = facade.ports["https"] = self.https.port
+                log.info("HTTPS API listening on %s:%d", host, self.https_port)
+            address = o.http_address
+            self.server = HttpServer(
+                facade, limits, self.host, self.port,
+                tls_required_https_port=(lambda: self.https_port)
+                if o.tls_mode == "true" else None)
             self.server.start()
         except Exception as e:  # reported by ListenerInfo: never a crash loop
-            self.error = f"listen ({self.options.http_address}) failed: {e}"
+            self.error = f"listen ({address}) failed: {e}"
             log.error("%s", self.error)
-            self.server = None
+            self.on_stop()
             return
         self.port = self.server.port
         facade.ports["http"] = self.port
         log.info("HTTP API listening on %s:%d (pid %d)", self.host, self.port, os.getpid())
 
     def on_stop(self) -> None:
-        if self.server is not None:
-            self.server.stop()
-            self.server = None
+        for server in (self.server, self.https):
+            if server is not None:
+                server.stop()
+        self.server = self.https = None
 
     def on_receive(self, msg: Any) -> Any:
         if isinstance(msg, ListenerInfo):
             return {"protocol": "http", "host": self.host, "port": self.port,
-                    "error": self.error}
+                    "https_port": self.https_port, "error": self.error}
         log.warning("%s: unexpected message %r", self.name, msg)
         return None

@@ -57,6 +57,7 @@ from actors.runtime.flags import (
     opt,
     parse_duration,
 )
+from transport import tls
 
 __all__ = [
     "BrokerOptions",
@@ -78,6 +79,7 @@ class BrokerOptions:
     data_path: str = opt("data", "str", "directory for durable queues and metadata")
     tcp_address: str = opt("127.0.0.1:4150", "address", "<addr>:<port> for NSQ TCP clients")
     http_address: str = opt("127.0.0.1:4151", "address", "<addr>:<port> for HTTP clients")
+    https_address: str = opt("", "str", "<addr>:<port> for HTTPS clients (needs --tls-cert)")
     broadcast_address: str | None = opt(
         None, "str?", "address registered with lookupd (default: the hostname)"
     )
@@ -125,6 +127,17 @@ class BrokerOptions:
         30.0, "duration", "longest output buffer timeout a client may ask"
     )
     # -- ours -------------------------------------------------------------------
+    # -- TLS (nsqd's flags; transport/tls.py) -----------------------------------
+    tls_cert: str = opt("", "str", "path to the certificate file (PEM)")
+    tls_key: str = opt("", "str", "path to the key file (PEM)")
+    tls_root_ca_file: str = opt("", "str", "path to the CA file client certificates are "
+                                "checked against (default: the system's)")
+    tls_client_auth_policy: str = opt("", "str", "client certificates: require or "
+                                      "require-verify (both verify here; sets --tls-required)")
+    tls_required: str = opt("false", "str", "require TLS for client connections: true, "
+                            "false, or tcp-https (NSQ TCP only)")
+    tls_min_version: str = opt("tls1.2", "str", "lowest TLS version: tls1.0, tls1.1, "
+                               "tls1.2, tls1.3")
     zmq_address: str = opt("tcp://127.0.0.1:4153", "zmq_address", "ZeroMQ endpoint for clients")
     workers: int | None = opt(None, "int?", "worker processes (default: the CPU count)")
     queue_idle_close: float = opt(
@@ -162,6 +175,13 @@ class BrokerOptions:
     def to_dict(self) -> dict[str, Any]:
         """Every option as plain JSON/msgpack types (durations in seconds)."""
         return dataclasses.asdict(self)
+
+    @property
+    def tls_mode(self) -> str:
+        """``false``, ``true`` or ``tcp-https``: nsqd's rule, a client-certificate policy
+        turns ``false`` into ``true``."""
+        mode = tls.REQUIRED.get(self.tls_required, "false")
+        return "true" if mode == "false" and self.tls_client_auth_policy else mode
 
     def dead_letter_topic_for(self, topic: str) -> str:
         """Where messages of ``topic`` go after ``max_attempts`` deliveries.
@@ -250,6 +270,15 @@ def _validate(o: BrokerOptions) -> None:
             raise fail(name, f"must be a port in [0, 65535] (0: the bound one), got "
                              f"{getattr(o, name)}")
     _check_zmq_address("zmq_address", o.zmq_address)
+    if o.https_address:
+        check_host_port("https_address", o.https_address)
+        if not o.tls_cert:
+            raise fail("https_address", "needs --tls-cert and --tls-key")
+    why = tls.check(o.tls_cert, o.tls_key, root_ca=o.tls_root_ca_file,
+                    policy=o.tls_client_auth_policy, min_version=o.tls_min_version,
+                    required=o.tls_required)
+    if why is not None:
+        raise OptionsError(why)
     if not o.data_path:
         raise fail("data_path", "must not be empty")
     if o.node_id is not None and not 0 <= o.node_id <= MAX_NODE_ID:

@@ -40,6 +40,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
@@ -472,17 +473,34 @@ def make_app(facade: BrokerFacade, limits: Limits | None = None, *,
 
 
 class HttpServer(AppServer):
-    """Serves :func:`make_app` over `facade` on its own thread (:class:`AppServer`)."""
+    """Serves :func:`make_app` over `facade` on its own thread (:class:`AppServer`).
+
+    With ``ssl_context`` it serves HTTPS.  ``tls_required_https_port`` (a function
+    giving the HTTPS port) makes a plain server answer every request as nsqd does
+    with ``--tls-required=true``: 403 ``{"message": "TLS_REQUIRED", "https_port": N}``.
+    """
 
     def __init__(self, facade: BrokerFacade, limits: Limits | None = None,
                  host: str = "127.0.0.1", port: int = 4151, *, max_workers: int = 8,
-                 shutdown_timeout: float = 2.0) -> None:
+                 shutdown_timeout: float = 2.0, ssl_context: ssl.SSLContext | None = None,
+                 tls_required_https_port: Callable[[], int] | None = None) -> None:
         self.facade = facade
         self.limits = limits or Limits()
+        self.tls_required_https_port = tls_required_https_port
         super().__init__(self._app, host, port, max_workers=max_workers,
-                         shutdown_timeout=shutdown_timeout)
+                         shutdown_timeout=shutdown_timeout, ssl_context=ssl_context,
+                         name="https-api" if ssl_context is not None else "http-api")
 
     def _app(self, executor: Executor, port: int) -> web.Application:
         app = make_app(self.facade, self.limits, executor=executor)
         app[HTTP_PORT].append(port)
+        https_port = self.tls_required_https_port
+        if https_port is not None:
+            @web.middleware
+            async def tls_required(request: web.Request, handler: Any) -> web.StreamResponse:
+                return web.Response(
+                    status=403, content_type="application/json", charset="utf-8",
+                    headers={"X-NSQ-Content-Type": "nsq; version=1.0"},
+                    text=f'{{"message": "TLS_REQUIRED", "https_port": {https_port()}}}')
+            app.middlewares.insert(0, tls_required)
         return app

@@ -33,6 +33,7 @@ import inspect
 import json
 import logging
 import socket
+import ssl
 import threading
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -133,8 +134,10 @@ class AppServer:
 
     def __init__(self, make_app: Callable[[Executor, int], web.Application],
                  host: str = "127.0.0.1", port: int = 0, *, max_workers: int = 8,
-                 shutdown_timeout: float = 2.0, name: str = "http-api") -> None:
+                 shutdown_timeout: float = 2.0, name: str = "http-api",
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.make_app = make_app
+        self.ssl_context = ssl_context
         self.host = host
         self.port = port
         self.max_workers = max_workers
@@ -160,9 +163,10 @@ class AppServer:
         self._thread.start()
         if not self._ready.wait(timeout) or self._error is not None:
             self.stop()
-            msg = f"HTTP API did not start on {self.host}:{self.port}"
+            msg = f"{self.name} did not start on {self.host}:{self.port}"
             raise RuntimeError(msg) from self._error
-        logger.info("HTTP API listening on %s:%d", self.host, self.port)
+        logger.info("%s API listening on %s:%d", "HTTPS" if self.ssl_context else "HTTP",
+                    self.host, self.port)
         return self
 
     def stop(self, timeout: float = 10.0) -> bool:
@@ -209,7 +213,7 @@ class AppServer:
         runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=self.shutdown_timeout)
         await runner.setup()
         try:
-            await web.SockSite(runner, sock).start()
+            await web.SockSite(runner, sock, ssl_context=self.ssl_context).start()
             self._ready.set()
             await self._stopping.wait()
         finally:

@@ -198,6 +198,10 @@ class ServerConnection:
         self._buf = bytearray()
         self._pos = 0  # start of unconsumed bytes
         self._scan = 0  # where the search for "\n" resumes
+        self.tls_required = False
+        """Every command but IDENTIFY is refused (fatally) until ``tls`` is set."""
+        self.tls = False
+        """The connection was upgraded to TLS (set by the socket loop)."""
         self._phase = _Phase.MAGIC
         self._eof = False
         # the body command being read: its name, topic and delay
@@ -272,6 +276,12 @@ class ServerConnection:
         self._pos = self._scan = run.end()
         return ids
 
+    def discard_buffered(self) -> None:
+        """Drop the bytes received and not yet parsed: the connection's transport changes
+        under them (TLS after IDENTIFY; nsqd's reader is replaced the same way)."""
+        del self._buf[: len(self._buf)]
+        self._pos = self._scan = 0
+
     def send_error(self, error: ProtocolError) -> bytes:
         """Encode an error frame; a fatal one also stops the decoder."""
         if error.fatal:
@@ -300,6 +310,10 @@ class ServerConnection:
                 end = nl - 1 if nl > self._pos and buf[nl - 1] == 0x0D else nl
                 params = bytes(buf[self._pos : end]).split(b" ")
                 self._pos = self._scan = nl + 1
+                if self.tls_required and not self.tls and params[0] != b"IDENTIFY":
+                    name = params[0].decode("utf-8", "replace")
+                    msg = f"cannot {name} in current state (TLS required)"
+                    raise ProtocolError("E_INVALID", msg, fatal=True)
                 handler = _LINE_HANDLERS.get(params[0])
                 if handler is None:
                     raise invalid_command(params[0])

@@ -19,6 +19,15 @@ a message published after the OK reaches it (as with nsqd).  Other threads
 (client actors) write through :meth:`TcpServer.send`, which hops onto the
 loop with ``call_soon_threadsafe``.
 
+TLS follows nsqd too: with a server context, an IDENTIFY that asks for
+``tls_v1`` (with ``feature_negotiation``) is answered in clear, then the
+connection is upgraded in place (``loop.start_tls``) and ``OK`` is sent inside
+TLS.  Bytes that came after the IDENTIFY in clear are dropped, as nsqd drops
+them; writes from other threads wait for the handshake; a handshake that fails
+or stalls for :data:`HANDSHAKE_TIMEOUT` closes the connection.  With
+``tls_required`` every command but IDENTIFY is refused until then
+(``E_INVALID cannot PUB in current state (TLS required)``, fatal).
+
 Heartbeats follow nsqd: every negotiated ``heartbeat_interval`` the server
 sends ``_heartbeat_``, and a connection that sends nothing for two intervals
 (the read deadline) is closed.  A fatal error is written, then the connection
@@ -30,12 +39,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import ssl
 import threading
 from typing import Any
 
 from transport.nsq.codec import (
     CLOSE_WAIT_FRAME,
     HEARTBEAT_FRAME,
+    OK_FRAME,
     ServerConnection,
     encode_error,
     encode_identify_response,
@@ -43,10 +54,14 @@ from transport.nsq.codec import (
 from transport.protocol.commands import Auth, Cls, Fin, Handler, Identify, Nop
 from transport.protocol.identify import ServerInfo
 from transport.protocol.validation import Limits, ProtocolError
+from transport.tls import peer_details
 
 log = logging.getLogger(__name__)
 
 _sessions = itertools.count(1)
+
+HANDSHAKE_TIMEOUT = 5.0
+"""Seconds a TLS handshake may take (nsqd's deadline for it)."""
 
 
 class BaseConn(asyncio.Protocol):
@@ -101,6 +116,9 @@ class _Conn(BaseConn):
         self.codec = ServerConnection(server.limits, server.info)
         self.heartbeat_s = server.limits.client_timeout / 2000
         self.heard = 0.0
+        self.codec.tls_required = server.tls_required
+        self.held: list[bytes] | None = None  # writes waiting for the TLS handshake
+        self.tls_details: dict[str, str] = {}  # (transport.tls.peer_details, once upgraded)
 
     # -- asyncio.Protocol ---------------------------------------------------
 
@@ -114,7 +132,7 @@ class _Conn(BaseConn):
         self.codec.receive_data(data)
         fins: list[bytes] = []  # consecutive FINs of one read go to the broker as one
         for event in self.codec.next_events():
-            if self.closed:
+            if self.closed or self.held is not None:  # (upgrading: the rest is dropped)
                 return
             if isinstance(event, Fin):
                 fins.extend(event.ids)
@@ -142,6 +160,8 @@ class _Conn(BaseConn):
                 if settings is not None:
                     self.heartbeat_s = settings.heartbeat_interval / 1000
                     self._schedule()
+                if event.reply is not None and event.reply.get("tls_v1"):
+                    self._start_tls()
             case Cls():
                 self.write(CLOSE_WAIT_FRAME)
             case Auth():
@@ -152,6 +172,43 @@ class _Conn(BaseConn):
             self.server.handler.on_command(self.name, None, event)
         except Exception:  # a broken handler must not take the listener down
             log.exception("tcp handler failed on %s from %s", type(event).__name__, self.name)
+
+    # -- TLS ------------------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        if self.held is not None:
+            self.held.append(data)
+        else:
+            super().write(data)
+
+    def _start_tls(self) -> None:
+        self.codec.discard_buffered()
+        self.held = []
+        self.server.loop.create_task(self._upgrade())
+
+    async def _upgrade(self) -> None:
+        server = self.server
+        assert self.transport is not None
+        assert server.ssl_context is not None
+        try:
+            transport = await server.loop.start_tls(
+                self.transport, self, server.ssl_context, server_side=True,
+                ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
+        except (OSError, ssl.SSLError, TimeoutError, ConnectionError, RuntimeError) as e:
+            log.info("tcp client %s: TLS handshake failed: %s", self.name, e)
+            self.held = None
+            self._close_quietly()
+            return
+        if transport is None:  # the connection went while the handshake ran
+            self.held = None
+            self._close_quietly()
+            return
+        self.transport = transport
+        self.codec.tls = True
+        self.heard = server.loop.time()
+        self.tls_details = peer_details(transport.get_extra_info("ssl_object"))
+        held, self.held = self.held or [], None
+        self.write(b"".join([OK_FRAME, *held]))
 
     # -- heartbeats and output -----------------------------------------------------
 
@@ -289,6 +346,12 @@ class LoopServer:
         host, port = address[0], address[1]
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
+    def tls(self, session: str) -> dict[str, str]:
+        """The connection's TLS version, cipher suite and client certificate's common
+        name (empty if it is in clear or gone)."""
+        conn = self.conns.get(session)
+        return dict(getattr(conn, "tls_details", None) or {})
+
     def drop(self, session: str) -> None:
         conn = self.conns.get(session)
         if conn is not None:
@@ -302,7 +365,10 @@ class TcpServer(LoopServer):
     """NSQ TCP V2's listener: see the module docstring."""
 
     def __init__(self, host: str, port: int, handler: Handler, *, limits: Limits,
-                 info: ServerInfo | None = None) -> None:
+                 info: ServerInfo | None = None, ssl_context: ssl.SSLContext | None = None,
+                 tls_required: bool = False) -> None:
         super().__init__(host, port, handler, _Conn)
         self.limits = limits
         self.info = info or ServerInfo()
+        self.ssl_context = ssl_context
+        self.tls_required = tls_required

@@ -58,6 +58,8 @@ class ServerInfo:
     """Whether AUTH is required (we have no auth server yet)."""
     max_deflate_level: int = 6
     """nsqd's ``--max-deflate-level`` default, reported even with deflate off."""
+    tls_v1: bool = False
+    """TLS is offered: a client asking for ``tls_v1`` upgrades after the reply."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +77,8 @@ class IdentifySettings:
     output_buffer_timeout: int = DEFAULT_OUTPUT_BUFFER_TIMEOUT
     """0 means flush after every write."""
     feature_negotiation: bool = False
+    tls_v1: bool = False
+    """The client asked for TLS."""
 
     @classmethod
     def defaults(cls, limits: Limits) -> IdentifySettings:
@@ -172,6 +176,7 @@ def identify_settings(
         output_buffer_size=buffer_size,
         output_buffer_timeout=buffer_timeout,
         feature_negotiation=d.get("feature_negotiation", False),
+        tls_v1=d.get("tls_v1", False),
     )
 
 
@@ -180,10 +185,12 @@ def negotiate_identify(
 ) -> tuple[dict[str, Any] | None, IdentifySettings]:
     """``(reply, settings)`` for NSQ V2: nsqd 1.x's reply map, or ``None`` for plain ``OK``.
 
-    TLS, snappy and deflate are not offered, so a client asking for them is
-    answered ``false`` and carries on in clear text, as with an nsqd started
-    without them.  (nsqd's ``E_IDENTIFY_FAILED`` for deflate *and* snappy
-    cannot happen while both are off.)
+    ``tls_v1`` is ``true`` when the client asked and the server offers TLS (the
+    socket loop then upgrades the connection, as nsqd does).  Snappy and deflate
+    are not offered, so a client asking for them is answered ``false`` and
+    carries on uncompressed, as with an nsqd started without them.  (nsqd's
+    ``E_IDENTIFY_FAILED`` for deflate *and* snappy cannot happen while both are
+    off.)
     """
     server = server or ServerInfo()
     settings = identify_settings(data, limits)
@@ -194,7 +201,7 @@ def negotiate_identify(
         "version": server.version,
         "max_msg_timeout": limits.max_msg_timeout,
         "msg_timeout": settings.msg_timeout,
-        "tls_v1": False,
+        "tls_v1": settings.tls_v1 and server.tls_v1,
         "deflate": False,
         "deflate_level": 0,
         "max_deflate_level": server.max_deflate_level,

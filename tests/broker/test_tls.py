@@ -1,0 +1,412 @@
+"""TLS on NSQ TCP and HTTPS, nsqd 1.3's flags: the upgrade after IDENTIFY, TLS required,
+client certificates, garbage handshakes, and the same answers as the real nsqd.
+
+Certificates come from ``trustme`` (a throwaway CA, a server certificate for
+127.0.0.1 and a client certificate), written to the test's temporary directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import re
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+import trustme
+
+from actors.broker import Broker
+from actors.broker.options import OptionsError, parse_options
+from tests.broker.conftest import broker_options
+from tests.lookupd.conftest import free_port, nsq_binary
+from transport.nsq import server as nsq_server
+from transport.nsq.client_codec import ClientConnection, ErrorFrame, Response
+from transport.nsq.codec import CLOSED, NEED_DATA
+from transport.protocol import commands as pc
+from transport.protocol.validation import Limits
+from transport.tls import server_context
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@dataclass
+class Pki:
+    ca: trustme.CA
+    ca_file: str
+    cert: str
+    key: str
+    client_cert: str  # the client's certificate and key, one PEM file
+    stranger_cert: str  # a client certificate from another CA
+
+    def client_context(self, *, with_cert: str | None = None) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=self.ca_file)
+        if with_cert is not None:
+            ctx.load_cert_chain(with_cert)
+        return ctx
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> Pki:
+    d = tmp_path_factory.mktemp("pki")
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    ca.cert_pem.write_to_path(str(d / "ca.pem"))
+    server.private_key_pem.write_to_path(str(d / "server.key"))
+    server.cert_chain_pems[0].write_to_path(str(d / "server.pem"))
+    client = ca.issue_cert("client@example.com", common_name="reader-7")
+    client.private_key_and_cert_chain_pem.write_to_path(str(d / "client.pem"))
+    stranger = trustme.CA().issue_cert("stranger@example.com")
+    stranger.private_key_and_cert_chain_pem.write_to_path(str(d / "stranger.pem"))
+    return Pki(ca, str(d / "ca.pem"), str(d / "server.pem"), str(d / "server.key"),
+               str(d / "client.pem"), str(d / "stranger.pem"))
+
+
+class Client:
+    """A blocking NSQ V2 client on our codec, which can upgrade to TLS after IDENTIFY."""
+
+    def __init__(self, address: str) -> None:
+        host, _, port = address.rpartition(":")
+        self.sock: socket.socket = socket.create_connection((host, int(port)), timeout=10)
+        self.codec = ClientConnection()
+
+    def send(self, command: pc.Command) -> None:
+        self.sock.sendall(self.codec.send(command))
+
+    def frames(self, n: int = 1) -> list:
+        out: list = []
+        while len(out) < n:
+            event = self.codec.next_event()
+            if event is CLOSED:
+                break
+            if event is NEED_DATA:
+                data = self.sock.recv(65536)
+                if not data:
+                    break
+                self.codec.receive_data(data)
+                continue
+            if not isinstance(event, pc.Heartbeat):
+                out.append(event)
+        return out
+
+    def identify(self, **features: object) -> dict:
+        self.send(pc.Identify({"feature_negotiation": True, **features}))
+        (reply,) = self.frames(1)
+        assert isinstance(reply, Response), reply
+        return json.loads(reply.data)
+
+    def upgrade(self, ctx: ssl.SSLContext) -> bool:
+        """Whether the TLS handshake, then nsqd's ``OK`` inside TLS, succeed."""
+        try:
+            self.sock = ctx.wrap_socket(self.sock, server_hostname="127.0.0.1")
+            # (TLS 1.3: a refused client certificate is heard of on the first read)
+            return self.frames(1) == [Response(b"OK")]
+        except (ssl.SSLError, ConnectionError):
+            return False
+
+    def closed_by_peer(self) -> bool:
+        try:
+            return self.sock.recv(10) == b""
+        except (ConnectionResetError, ssl.SSLError):
+            return True
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def https(port: int, ctx: ssl.SSLContext | None, method: str, path: str
+          ) -> tuple[int, dict[str, str], bytes]:
+    conn = (http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=ctx)
+            if ctx is not None else http.client.HTTPConnection("127.0.0.1", port, timeout=10))
+    try:
+        conn.request(method, path, body=b"hi" if method == "POST" else None)
+        r = conn.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        conn.close()
+
+
+@dataclass
+class Target:
+    name: str
+    tcp: str
+    http_port: int
+    https_port: int
+
+
+def _tls_flags(pki: Pki, required: str, policy: str = "") -> list[str]:
+    flags = [f"--tls-cert={pki.cert}", f"--tls-key={pki.key}",
+             f"--tls-root-ca-file={pki.ca_file}", f"--tls-required={required}"]
+    return flags + ([f"--tls-client-auth-policy={policy}"] if policy else [])
+
+
+@pytest.fixture
+def start(pki, tmp_path) -> Iterator:
+    """start(kind, required, policy) -> a running ``ours`` or ``nsqd`` with TLS."""
+    stops: list = []
+
+    def _start(kind: str, required: str = "true", policy: str = "") -> Target:
+        flags = _tls_flags(pki, required, policy)
+        if kind == "ours":
+            o = parse_options([*flags, "--https-address=127.0.0.1:0"])
+            b = Broker(broker_options(tmp_path / f"data{len(stops)}", https_address=o.https_address,
+                                      tls_cert=o.tls_cert, tls_key=o.tls_key,
+                                      tls_root_ca_file=o.tls_root_ca_file,
+                                      tls_required=o.tls_required,
+                                      tls_client_auth_policy=o.tls_client_auth_policy)).start()
+            stops.append(b.stop)
+            return Target("ours", b.tcp_address, b.http_port, b.https_port)
+        tcp, http_port, https_port = free_port(), free_port(), free_port()
+        data = tmp_path / f"nsqd{len(stops)}"
+        data.mkdir()
+        proc = subprocess.Popen(
+            [nsq_binary("nsqd"), f"--data-path={data}", f"--tcp-address=127.0.0.1:{tcp}",
+             f"--http-address=127.0.0.1:{http_port}",
+             f"--https-address=127.0.0.1:{https_port}", *flags],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stops.append(lambda: (proc.terminate(), proc.wait(10)))
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", tcp), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "nsqd did not start"
+                time.sleep(0.02)
+        return Target("nsqd", f"127.0.0.1:{tcp}", http_port, https_port)
+
+    yield _start
+    for stop in reversed(stops):
+        stop()
+
+
+@pytest.mark.parametrize("kind", ["ours", "nsqd"])
+def test_tls_required_refuses_plain_commands_and_http_and_serves_them_over_tls(start, pki,
+                                                                               kind):
+    t = start(kind, "true")
+    plain = Client(t.tcp)
+    try:
+        plain.send(pc.Pub("tls_t", b"x"))
+        (err,) = plain.frames(1)
+        assert isinstance(err, ErrorFrame)
+        assert str(err.error) == "E_INVALID cannot PUB in current state (TLS required)"
+        assert plain.closed_by_peer()
+    finally:
+        plain.close()
+    status, headers, body = https(t.http_port, None, "POST", "/pub?topic=tls_t")
+    assert status == 403
+    assert json.loads(body) == {"message": "TLS_REQUIRED", "https_port": t.https_port}
+    assert headers["x-nsq-content-type"] == "nsq; version=1.0"
+
+    c = Client(t.tcp)
+    try:
+        reply = c.identify(tls_v1=True, user_agent="tls-test")
+        assert reply["tls_v1"] is True
+        assert c.upgrade(pki.client_context())
+        c.send(pc.Pub("tls_t", b"over tls"))
+        assert c.frames(1) == [Response(b"OK")]
+    finally:
+        c.close()
+    status, _, body = https(t.https_port, pki.client_context(), "POST", "/pub?topic=tls_t")
+    assert (status, body) == (200, b"OK")
+    status, _, body = https(t.https_port, pki.client_context(), "GET",
+                            "/stats?format=json&topic=tls_t")
+    assert status == 200
+    assert json.loads(body)["topics"][0]["message_count"] == 2
+
+
+@pytest.mark.parametrize("kind", ["ours", "nsqd"])
+def test_tcp_https_requires_tls_on_tcp_only(start, kind):
+    t = start(kind, "tcp-https")
+    status, _, body = https(t.http_port, None, "POST", "/pub?topic=mixed")
+    assert (status, body) == (200, b"OK")
+    c = Client(t.tcp)
+    try:
+        c.send(pc.Sub("mixed", "c"))
+        (err,) = c.frames(1)
+        assert str(err.error) == "E_INVALID cannot SUB in current state (TLS required)"
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("kind", ["ours", "nsqd"])
+def test_a_client_that_does_not_ask_for_tls_keeps_plain_text_when_tls_is_optional(
+        start, kind):
+    t = start(kind, "false")
+    c = Client(t.tcp)
+    try:
+        assert c.identify(tls_v1=False)["tls_v1"] is False
+        c.send(pc.Pub("optional", b"x"))
+        assert c.frames(1) == [Response(b"OK")]
+    finally:
+        c.close()
+
+
+def test_stats_show_the_tls_connection_and_the_real_pynsq_works_over_tls(start, pki):
+    pytest.importorskip("nsq")
+    t = start("ours", "true")
+    sub = Client(t.tcp)
+    try:
+        sub.identify(tls_v1=True)
+        assert sub.upgrade(pki.client_context())
+        sub.send(pc.Sub("pynsq_tls", "c"))
+        assert sub.frames(1) == [Response(b"OK")]
+        _, _, body = https(t.https_port, pki.client_context(), "GET",
+                           "/stats?format=json&topic=pynsq_tls")
+        (client,) = json.loads(body)["topics"][0]["channels"][0]["clients"]
+        assert client["tls"] is True
+        assert client["tls_version"] in {"TLS1.2", "TLS1.3"}
+        assert client["tls_cipher_suite"]
+    finally:
+        sub.close()
+    # pynsq (tornado) in a fresh interpreter: its loop and clients are per-process
+    script = f"""
+import sys, nsq, ssl, tornado.ioloop
+loop = tornado.ioloop.IOLoop.current()
+got, acks = [], []
+def handler(m):
+    got.append(m.body)
+    if len(got) == 2:
+        loop.stop()
+    return True
+opts = {{"cert_reqs": ssl.CERT_REQUIRED, "ca_certs": {pki.ca_file!r}}}
+r = nsq.Reader(topic="pynsq_tls", channel="c2", message_handler=handler,
+               nsqd_tcp_addresses=[{t.tcp!r}], tls_v1=True, tls_options=opts,
+               max_in_flight=10)
+w = nsq.Writer([{t.tcp!r}], tls_v1=True, tls_options=opts)
+def pub():
+    w.mpub("pynsq_tls", [b"a", b"b"], callback=lambda conn, data: acks.append(data))
+loop.call_later(1.0, pub)
+loop.call_later(30.0, loop.stop)
+loop.start()
+print(sorted(got), acks)
+sys.exit(0 if sorted(got) == [b"a", b"b"] and acks and acks[0] == b"OK" else 1)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, (done.stdout, done.stderr[-3000:])
+
+
+@pytest.mark.parametrize("kind", ["ours", "nsqd"])
+def test_require_verify_takes_only_certificates_of_the_ca(start, pki, kind):
+    t = start(kind, "true", "require-verify")
+    for cert, accepted in ((None, False), (pki.stranger_cert, False), (pki.client_cert, True)):
+        c = Client(t.tcp)
+        try:
+            c.identify(tls_v1=True)
+            assert c.upgrade(pki.client_context(with_cert=cert)) is accepted, cert
+            if accepted:
+                c.send(pc.Pub("mtls", b"x"))
+                assert c.frames(1) == [Response(b"OK")]
+        finally:
+            c.close()
+    with pytest.raises((ssl.SSLError, ConnectionError)):  # (TLS 1.3: heard on the read)
+        https(t.https_port, pki.client_context(), "GET", "/ping")
+    status, _, body = https(t.https_port, pki.client_context(with_cert=pki.client_cert),
+                            "GET", "/ping")
+    assert (status, body) == (200, b"OK")
+
+
+def test_garbage_handshakes_are_closed_and_cost_a_healthy_tls_client_nothing(start, pki):
+    t = start("ours", "true")
+    healthy = Client(t.tcp)
+    healthy.identify(tls_v1=True)
+    assert healthy.upgrade(pki.client_context())
+    try:
+        # random bytes where the ClientHello should be
+        g = Client(t.tcp)
+        g.identify(tls_v1=True)
+        g.sock.sendall(os.urandom(512))
+        assert g.closed_by_peer()
+        g.close()
+        # plain text inside what should be TLS
+        p = Client(t.tcp)
+        p.identify(tls_v1=True)
+        p.sock.sendall(b"PUB plain\n\x00\x00\x00\x01x")
+        assert p.closed_by_peer()
+        p.close()
+        # garbage at the HTTPS port
+        raw = socket.create_connection(("127.0.0.1", t.https_port), timeout=10)
+        raw.sendall(os.urandom(300))
+        with contextlib.suppress(OSError):  # (an alert, a reset or a close: any will do)
+            raw.recv(100)
+        raw.close()
+        healthy.send(pc.Pub("healthy", b"still here"))
+        assert healthy.frames(1) == [Response(b"OK")]
+    finally:
+        healthy.close()
+
+
+class _Handler:
+    def __init__(self) -> None:
+        self.commands: list = []
+        self.closed: list[str] = []
+
+    def on_command(self, session, corr, command) -> None:
+        self.commands.append(command)
+
+    def on_close(self, session) -> None:
+        self.closed.append(session)
+
+    def on_heartbeat(self, session) -> None:
+        pass
+
+
+def test_a_stalled_handshake_is_closed_after_the_handshake_timeout(pki, monkeypatch):
+    monkeypatch.setattr(nsq_server, "HANDSHAKE_TIMEOUT", 0.3)
+    handler = _Handler()
+    server = nsq_server.TcpServer("127.0.0.1", 0, handler, limits=Limits(),
+                                  info=nsq_server.ServerInfo(tls_v1=True),
+                                  ssl_context=server_context(pki.cert, pki.key),
+                                  tls_required=True)
+    port = server.start()
+    try:
+        c = Client(f"127.0.0.1:{port}")
+        c.identify(tls_v1=True)
+        started = time.monotonic()
+        assert c.closed_by_peer()  # no ClientHello ever sent
+        assert time.monotonic() - started < 5
+        deadline = time.monotonic() + 5
+        while not handler.closed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(handler.closed) == 1
+        assert server.sessions() == 0
+        c.close()
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(("flags", "error"), [
+    (["--tls-required=true"], "cannot require TLS client connections without --tls-cert"),
+    (["--tls-client-auth-policy=require-verify"], "cannot require TLS client connections"),
+    (["--https-address=127.0.0.1:0"], "https_address: needs --tls-cert"),
+    (["--tls-cert=a.pem"], "--tls-cert and --tls-key go together"),
+    (["--tls-cert=a", "--tls-key=b", "--tls-required=maybe"], "must be true, false or tcp-https"),
+    (["--tls-cert=a", "--tls-key=b", "--tls-min-version=ssl3.0"], "--tls-min-version must be"),
+    (["--tls-cert=a", "--tls-key=b", "--tls-client-auth-policy=require"],
+     "require needs --tls-root-ca-file"),
+])
+def test_flags_that_cannot_work_together_are_refused_with_a_sentence(flags, error):
+    with pytest.raises(OptionsError, match=re.escape(error)):
+        parse_options(flags)
+
+
+def test_an_unreadable_certificate_fails_the_start_saying_which_listener(tmp_path):
+    bad = tmp_path / "bad.pem"
+    bad.write_text("not a certificate")
+    b = Broker(broker_options(tmp_path / "data", tls_cert=str(bad), tls_key=str(bad)))
+    with pytest.raises(RuntimeError, match="listen"):
+        b.start()
+
+
+def test_client_auth_policy_alone_makes_tls_required(pki):
+    o = parse_options(_tls_flags(pki, "false", "require-verify"))
+    assert o.tls_mode == "true"
+
