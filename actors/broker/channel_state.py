@@ -576,9 +576,9 @@ class ChannelState:
 def client_entry(info: dict[str, Any], *, state: int, ready: int = 0, in_flight: int = 0,
                  messages: int = 0, finished: int = 0, requeued: int = 0) -> dict[str, object]:
     """A client in nsqd 1.3's /stats shape, field for field and type for type, from what
-    the client said of itself (`info`), with its TLS version and cipher suite once
-    upgraded.  Compression is not offered yet: false.  (nsqd's states: 3 subscribed,
-    0 for a producer that never subscribed.)"""
+    the client said of itself (`info`), with the TLS version, cipher suite and
+    compression IDENTIFY switched on.  (nsqd's states: 3 subscribed, 0 for a producer
+    that never subscribed.)"""
     return {
         "client_id": str(info.get("client_id", "")),
         "hostname": str(info.get("hostname", "")),
@@ -589,7 +589,7 @@ def client_entry(info: dict[str, Any], *, state: int, ready: int = 0, in_flight:
         "finish_count": finished, "requeue_count": requeued,
         "connect_ts": int(info.get("connect_ts", 0)),
         "sample_rate": int(info.get("sample_rate", 0)),
-        "deflate": False, "snappy": False,
+        "deflate": bool(info.get("deflate")), "snappy": bool(info.get("snappy")),
         "user_agent": str(info.get("user_agent", "")),
         "tls": bool(info.get("tls_version")),
         "tls_cipher_suite": str(info.get("tls_cipher_suite", "")),

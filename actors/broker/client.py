@@ -358,7 +358,7 @@ class ClientActor(Actor):
                 "version": "V2", "remote_address": remote,
                 "connect_ts": self.connect_ts, "sample_rate": ident.get("sample_rate", 0),
                 "user_agent": ident.get("user_agent", ""),
-                **(getattr(conn, "tls", None) or {})}
+                **(getattr(conn, "details", None) or {})}
 
     def _ok(self, corr: bytes | None) -> None:
         conn = connections.lookup(self.name)

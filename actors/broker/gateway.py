@@ -268,10 +268,11 @@ class _SessionConnection:
         return str(self.server.peer(self.session))
 
     @property
-    def tls(self) -> dict[str, str]:
-        """TLS version, cipher suite, client certificate common name; empty in clear."""
-        tls = getattr(self.server, "tls", None)
-        return tls(self.session) if tls is not None else {}
+    def details(self) -> dict[str, Any]:
+        """TLS version, cipher suite, client certificate common name, snappy/deflate:
+        what IDENTIFY switched on (empty: nothing)."""
+        details = getattr(self.server, "details", None)
+        return details(self.session) if details is not None else {}
 
 
 class ZmqConnection(_SessionConnection):
@@ -393,8 +394,10 @@ class SocketListener(Actor):
 
         host, port = split_address(self.options.tcp_address)
         context = tls.context_for(self.options)
+        o = self.options
         return TcpServer(host, port, bridge, limits=limits,
-                         info=replace(info, tls_v1=context is not None),
+                         info=replace(info, tls_v1=context is not None, deflate=o.deflate,
+                                      snappy=o.snappy, max_deflate_level=o.max_deflate_level),
                          ssl_context=context, tls_required=self.options.tls_mode != "false")
 
     def on_start(self) -> None:

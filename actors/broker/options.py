@@ -138,6 +138,10 @@ class BrokerOptions:
                             "false, or tcp-https (NSQ TCP only)")
     tls_min_version: str = opt("tls1.2", "str", "lowest TLS version: tls1.0, tls1.1, "
                                "tls1.2, tls1.3")
+    # -- compression (nsqd's flags) ------------------------------------------------
+    deflate: bool = opt(True, "bool", "let NSQ TCP clients negotiate deflate")
+    max_deflate_level: int = opt(6, "int", "highest deflate level a client may ask (1-9)")
+    snappy: bool = opt(True, "bool", "let NSQ TCP clients negotiate snappy")
     zmq_address: str = opt("tcp://127.0.0.1:4153", "zmq_address", "ZeroMQ endpoint for clients")
     workers: int | None = opt(None, "int?", "worker processes (default: the CPU count)")
     queue_idle_close: float = opt(
@@ -274,6 +278,8 @@ def _validate(o: BrokerOptions) -> None:
         check_host_port("https_address", o.https_address)
         if not o.tls_cert:
             raise fail("https_address", "needs --tls-cert and --tls-key")
+    if not 1 <= o.max_deflate_level <= 9:
+        raise fail("max_deflate_level", f"must be in [1, 9], got {o.max_deflate_level}")
     why = tls.check(o.tls_cert, o.tls_key, root_ca=o.tls_root_ca_file,
                     policy=o.tls_client_auth_policy, min_version=o.tls_min_version,
                     required=o.tls_required)

@@ -297,10 +297,11 @@ def build_parser(cls: type, prog: str, description: str) -> argparse.ArgumentPar
         flag = "--" + f.name.replace("_", "-")
         help_text = f.metadata["help"] + _default_text(f)
         kind = f.metadata["kind"]
-        if kind == "bool":
-            parser.add_argument(
-                flag, dest=f.name, action=argparse.BooleanOptionalAction, help=help_text
-            )
+        if kind == "bool":  # --x, --x=false as nsqd takes it, and --no-x
+            parser.add_argument(flag, dest=f.name, nargs="?", const=True, metavar="true|false",
+                                help=help_text)
+            parser.add_argument("--no-" + flag[2:], dest=f.name, action="store_false",
+                                help=argparse.SUPPRESS)
         elif kind.endswith("[]"):
             parser.add_argument(flag, dest=f.name, metavar=_METAVARS[kind[:-2]],
                                 action="append", help=help_text + " (repeatable)")

@@ -8,7 +8,6 @@ Certificates come from ``trustme`` (a throwaway CA, a server certificate for
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
 import os
 import re
@@ -17,174 +16,20 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
-import trustme
 
 from actors.broker import Broker
 from actors.broker.options import OptionsError, parse_options
 from tests.broker.conftest import broker_options
-from tests.lookupd.conftest import free_port, nsq_binary
+from tests.broker.tls_kit import Client, https, tls_flags
 from transport.nsq import server as nsq_server
-from transport.nsq.client_codec import ClientConnection, ErrorFrame, Response
-from transport.nsq.codec import CLOSED, NEED_DATA
+from transport.nsq.client_codec import ErrorFrame, Response
 from transport.protocol import commands as pc
 from transport.protocol.validation import Limits
 from transport.tls import server_context
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@dataclass
-class Pki:
-    ca: trustme.CA
-    ca_file: str
-    cert: str
-    key: str
-    client_cert: str  # the client's certificate and key, one PEM file
-    stranger_cert: str  # a client certificate from another CA
-
-    def client_context(self, *, with_cert: str | None = None) -> ssl.SSLContext:
-        ctx = ssl.create_default_context(cafile=self.ca_file)
-        if with_cert is not None:
-            ctx.load_cert_chain(with_cert)
-        return ctx
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory) -> Pki:
-    d = tmp_path_factory.mktemp("pki")
-    ca = trustme.CA()
-    server = ca.issue_cert("127.0.0.1", "localhost")
-    ca.cert_pem.write_to_path(str(d / "ca.pem"))
-    server.private_key_pem.write_to_path(str(d / "server.key"))
-    server.cert_chain_pems[0].write_to_path(str(d / "server.pem"))
-    client = ca.issue_cert("client@example.com", common_name="reader-7")
-    client.private_key_and_cert_chain_pem.write_to_path(str(d / "client.pem"))
-    stranger = trustme.CA().issue_cert("stranger@example.com")
-    stranger.private_key_and_cert_chain_pem.write_to_path(str(d / "stranger.pem"))
-    return Pki(ca, str(d / "ca.pem"), str(d / "server.pem"), str(d / "server.key"),
-               str(d / "client.pem"), str(d / "stranger.pem"))
-
-
-class Client:
-    """A blocking NSQ V2 client on our codec, which can upgrade to TLS after IDENTIFY."""
-
-    def __init__(self, address: str) -> None:
-        host, _, port = address.rpartition(":")
-        self.sock: socket.socket = socket.create_connection((host, int(port)), timeout=10)
-        self.codec = ClientConnection()
-
-    def send(self, command: pc.Command) -> None:
-        self.sock.sendall(self.codec.send(command))
-
-    def frames(self, n: int = 1) -> list:
-        out: list = []
-        while len(out) < n:
-            event = self.codec.next_event()
-            if event is CLOSED:
-                break
-            if event is NEED_DATA:
-                data = self.sock.recv(65536)
-                if not data:
-                    break
-                self.codec.receive_data(data)
-                continue
-            if not isinstance(event, pc.Heartbeat):
-                out.append(event)
-        return out
-
-    def identify(self, **features: object) -> dict:
-        self.send(pc.Identify({"feature_negotiation": True, **features}))
-        (reply,) = self.frames(1)
-        assert isinstance(reply, Response), reply
-        return json.loads(reply.data)
-
-    def upgrade(self, ctx: ssl.SSLContext) -> bool:
-        """Whether the TLS handshake, then nsqd's ``OK`` inside TLS, succeed."""
-        try:
-            self.sock = ctx.wrap_socket(self.sock, server_hostname="127.0.0.1")
-            # (TLS 1.3: a refused client certificate is heard of on the first read)
-            return self.frames(1) == [Response(b"OK")]
-        except (ssl.SSLError, ConnectionError):
-            return False
-
-    def closed_by_peer(self) -> bool:
-        try:
-            return self.sock.recv(10) == b""
-        except (ConnectionResetError, ssl.SSLError):
-            return True
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-def https(port: int, ctx: ssl.SSLContext | None, method: str, path: str
-          ) -> tuple[int, dict[str, str], bytes]:
-    conn = (http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=ctx)
-            if ctx is not None else http.client.HTTPConnection("127.0.0.1", port, timeout=10))
-    try:
-        conn.request(method, path, body=b"hi" if method == "POST" else None)
-        r = conn.getresponse()
-        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
-    finally:
-        conn.close()
-
-
-@dataclass
-class Target:
-    name: str
-    tcp: str
-    http_port: int
-    https_port: int
-
-
-def _tls_flags(pki: Pki, required: str, policy: str = "") -> list[str]:
-    flags = [f"--tls-cert={pki.cert}", f"--tls-key={pki.key}",
-             f"--tls-root-ca-file={pki.ca_file}", f"--tls-required={required}"]
-    return flags + ([f"--tls-client-auth-policy={policy}"] if policy else [])
-
-
-@pytest.fixture
-def start(pki, tmp_path) -> Iterator:
-    """start(kind, required, policy) -> a running ``ours`` or ``nsqd`` with TLS."""
-    stops: list = []
-
-    def _start(kind: str, required: str = "true", policy: str = "") -> Target:
-        flags = _tls_flags(pki, required, policy)
-        if kind == "ours":
-            o = parse_options([*flags, "--https-address=127.0.0.1:0"])
-            b = Broker(broker_options(tmp_path / f"data{len(stops)}", https_address=o.https_address,
-                                      tls_cert=o.tls_cert, tls_key=o.tls_key,
-                                      tls_root_ca_file=o.tls_root_ca_file,
-                                      tls_required=o.tls_required,
-                                      tls_client_auth_policy=o.tls_client_auth_policy)).start()
-            stops.append(b.stop)
-            return Target("ours", b.tcp_address, b.http_port, b.https_port)
-        tcp, http_port, https_port = free_port(), free_port(), free_port()
-        data = tmp_path / f"nsqd{len(stops)}"
-        data.mkdir()
-        proc = subprocess.Popen(
-            [nsq_binary("nsqd"), f"--data-path={data}", f"--tcp-address=127.0.0.1:{tcp}",
-             f"--http-address=127.0.0.1:{http_port}",
-             f"--https-address=127.0.0.1:{https_port}", *flags],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        stops.append(lambda: (proc.terminate(), proc.wait(10)))
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", tcp), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "nsqd did not start"
-                time.sleep(0.02)
-        return Target("nsqd", f"127.0.0.1:{tcp}", http_port, https_port)
-
-    yield _start
-    for stop in reversed(stops):
-        stop()
 
 
 @pytest.mark.parametrize("kind", ["ours", "nsqd"])
@@ -407,6 +252,6 @@ def test_an_unreadable_certificate_fails_the_start_saying_which_listener(tmp_pat
 
 
 def test_client_auth_policy_alone_makes_tls_required(pki):
-    o = parse_options(_tls_flags(pki, "false", "require-verify"))
+    o = parse_options(tls_flags(pki, "false", "require-verify"))
     assert o.tls_mode == "true"
 

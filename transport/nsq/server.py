@@ -41,6 +41,8 @@ import itertools
 import logging
 import ssl
 import threading
+import zlib
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from transport.nsq.codec import (
@@ -118,7 +120,11 @@ class _Conn(BaseConn):
         self.heard = 0.0
         self.codec.tls_required = server.tls_required
         self.held: list[bytes] | None = None  # writes waiting for the TLS handshake
-        self.tls_details: dict[str, str] = {}  # (transport.tls.peer_details, once upgraded)
+        # TLS version, cipher suite, common name (transport.tls.peer_details), compression
+        self.details: dict[str, Any] = {}
+        self.switched = False  # IDENTIFY changed the stream: the rest of the read is dropped
+        self.inflate: Callable[[bytes], Iterator[bytes]] | None = None
+        self.compress: Callable[[bytes], bytes] | None = None
 
     # -- asyncio.Protocol ---------------------------------------------------
 
@@ -129,10 +135,24 @@ class _Conn(BaseConn):
 
     def data_received(self, data: bytes) -> None:
         self.heard = self.server.loop.time()
+        if self.inflate is None:
+            self._feed(data)
+            return
+        try:
+            for piece in self.inflate(data):
+                if self.closed:
+                    return
+                self._feed(piece)
+        except Exception as e:  # zlib.error, snappy's errors: the stream is garbage
+            log.info("tcp client %s sent a corrupt compressed stream: %s", self.name, e)
+            self.close()
+
+    def _feed(self, data: bytes) -> None:
         self.codec.receive_data(data)
         fins: list[bytes] = []  # consecutive FINs of one read go to the broker as one
+        self.switched = False
         for event in self.codec.next_events():
-            if self.closed or self.held is not None:  # (upgrading: the rest is dropped)
+            if self.closed or self.switched:
                 return
             if isinstance(event, Fin):
                 fins.extend(event.ids)
@@ -155,13 +175,14 @@ class _Conn(BaseConn):
         match event:
             case Nop():
                 return
-            case Identify(settings=settings):
+            case Identify(settings=settings, reply=reply):
                 self.write(encode_identify_response(event))
                 if settings is not None:
                     self.heartbeat_s = settings.heartbeat_interval / 1000
                     self._schedule()
-                if event.reply is not None and event.reply.get("tls_v1"):
-                    self._start_tls()
+                if reply is not None and (reply["tls_v1"] or reply["snappy"]
+                                          or reply["deflate"]):
+                    self._switch(reply)
             case Cls():
                 self.write(CLOSE_WAIT_FRAME)
             case Auth():
@@ -173,20 +194,38 @@ class _Conn(BaseConn):
         except Exception:  # a broken handler must not take the listener down
             log.exception("tcp handler failed on %s from %s", type(event).__name__, self.name)
 
-    # -- TLS ------------------------------------------------------------------------
+    # -- TLS and compression, after IDENTIFY -------------------------------------------
 
     def write(self, data: bytes) -> None:
         if self.held is not None:
             self.held.append(data)
-        else:
-            super().write(data)
+            return
+        if self.compress is not None:
+            data = self.compress(data)
+        super().write(data)
 
-    def _start_tls(self) -> None:
+    def _switch(self, reply: Mapping[str, Any]) -> None:
+        """TLS, then snappy or deflate, each answered ``OK`` in its new stream (nsqd)."""
         self.codec.discard_buffered()
-        self.held = []
-        self.server.loop.create_task(self._upgrade())
+        self.switched = True
+        if reply["tls_v1"]:
+            self.held = []
+            self.server.loop.create_task(self._upgrade(reply))
+        else:
+            self._compression(reply)
 
-    async def _upgrade(self) -> None:
+    def _compression(self, reply: Mapping[str, Any]) -> None:
+        if reply["snappy"]:
+            self.inflate, self.compress = _snappy()
+        elif reply["deflate"]:
+            self.inflate, self.compress = _deflate(reply["deflate_level"],
+                                                   self.server.limits.max_body_size)
+        else:
+            return
+        self.details.update(snappy=bool(reply["snappy"]), deflate=bool(reply["deflate"]))
+        self.write(OK_FRAME)
+
+    async def _upgrade(self, reply: Mapping[str, Any]) -> None:
         server = self.server
         assert self.transport is not None
         assert server.ssl_context is not None
@@ -196,19 +235,20 @@ class _Conn(BaseConn):
                 ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
         except (OSError, ssl.SSLError, TimeoutError, ConnectionError, RuntimeError) as e:
             log.info("tcp client %s: TLS handshake failed: %s", self.name, e)
-            self.held = None
-            self._close_quietly()
-            return
-        if transport is None:  # the connection went while the handshake ran
+            transport = None
+        if transport is None or self.closed:  # (None: the connection went meanwhile)
             self.held = None
             self._close_quietly()
             return
         self.transport = transport
         self.codec.tls = True
         self.heard = server.loop.time()
-        self.tls_details = peer_details(transport.get_extra_info("ssl_object"))
+        self.details.update(peer_details(transport.get_extra_info("ssl_object")))
         held, self.held = self.held or [], None
-        self.write(b"".join([OK_FRAME, *held]))
+        self.write(OK_FRAME)
+        self._compression(reply)
+        if held:
+            self.write(b"".join(held))
 
     # -- heartbeats and output -----------------------------------------------------
 
@@ -231,6 +271,76 @@ class _Conn(BaseConn):
         except Exception:
             log.exception("tcp handler failed on a heartbeat of %s", self.name)
         self._schedule()
+
+
+def _deflate(level: int, chunk: int) -> tuple[Callable[[bytes], Iterator[bytes]],
+                                             Callable[[bytes], bytes]]:
+    """Raw DEFLATE both ways (Go's ``compress/flate``), each write sync-flushed.  A read
+    inflates in pieces of at most `chunk` bytes, each parsed before the next is made: a
+    small stream that inflates to gigabytes is refused by the codec's limits first."""
+    inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+    deflater = zlib.compressobj(level, zlib.DEFLATED, -zlib.MAX_WBITS)
+
+    def inflate(data: bytes) -> Iterator[bytes]:
+        piece = inflater.decompress(data, chunk)
+        while True:
+            yield piece
+            if not inflater.unconsumed_tail:
+                return
+            piece = inflater.decompress(inflater.unconsumed_tail, chunk)
+
+    def compress(data: bytes) -> bytes:
+        return deflater.compress(data) + deflater.flush(zlib.Z_SYNC_FLUSH)
+
+    return inflate, compress
+
+
+def _snappy() -> tuple[Callable[[bytes], Iterator[bytes]], Callable[[bytes], bytes]]:
+    """Snappy's framing format both ways (Go's ``golang/snappy`` reader and writer),
+    through python-snappy, the binding pynsq uses.  (A frame holds at most 64 KiB, so a
+    read inflates at most ~21 times.)"""
+    import snappy  # noqa: PLC0415 - only for clients that ask for it
+
+    decompressor, compressor = snappy.StreamDecompressor(), snappy.StreamCompressor()
+    check = _SnappyChunks().check
+
+    def inflate(data: bytes) -> Iterator[bytes]:
+        check(data)
+        yield decompressor.decompress(data)
+
+    return inflate, compressor.add_chunk
+
+
+class _SnappyChunks:
+    """Follows the chunk headers of a snappy stream and refuses a corrupt one as it comes
+    (python-snappy waits for a whole chunk first, and a garbage header can claim 16 MiB);
+    the checks are Go's reader's, which nsqd runs."""
+
+    MAX_DATA = 4 + 76490  # CRC + the longest encoding of a 64 KiB block
+
+    def __init__(self) -> None:
+        self.remaining = 0
+        self.header = b""
+
+    def check(self, data: bytes) -> None:
+        i, n = 0, len(data)
+        while i < n:
+            if self.remaining:
+                step = min(self.remaining, n - i)
+                self.remaining -= step
+                i += step
+                continue
+            take = 4 - len(self.header)
+            self.header += data[i:i + take]
+            i += take
+            if len(self.header) < 4:
+                return
+            kind, length = self.header[0], int.from_bytes(self.header[1:], "little")
+            self.header = b""
+            if (kind == 0xFF and length != 6) or (kind in {0, 1} and length > self.MAX_DATA) \
+                    or 0x02 <= kind <= 0x7F:
+                raise ValueError(f"corrupt snappy chunk (type {kind:#x}, {length} bytes)")
+            self.remaining = length
 
 
 def _write_parts(conn: Any, parts: list[bytes]) -> None:
@@ -346,11 +456,12 @@ class LoopServer:
         host, port = address[0], address[1]
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
-    def tls(self, session: str) -> dict[str, str]:
-        """The connection's TLS version, cipher suite and client certificate's common
-        name (empty if it is in clear or gone)."""
+    def details(self, session: str) -> dict[str, Any]:
+        """What IDENTIFY switched on: the connection's TLS version, cipher suite and
+        client certificate's common name, and ``snappy``/``deflate`` (empty if none did
+        or the connection has gone)."""
         conn = self.conns.get(session)
-        return dict(getattr(conn, "tls_details", None) or {})
+        return dict(getattr(conn, "details", None) or {})
 
     def drop(self, session: str) -> None:
         conn = self.conns.get(session)

@@ -19,8 +19,8 @@ A value of the wrong JSON type fails as Go's decoder fails
 (``IDENTIFY failed to decode JSON body``); unknown keys are ignored.
 
 :func:`negotiate_identify` adds nsqd's ``feature_negotiation`` reply: the
-JSON map nsqd 1.x sends, with TLS, snappy, deflate and AUTH answered as nsqd
-answers when they are disabled (``false``, level ``0``).  Without
+JSON map nsqd 1.x sends, with TLS, snappy and deflate as the server offers
+them, and AUTH answered as nsqd answers with it disabled (``false``).  Without
 ``feature_negotiation`` the reply is a plain ``OK`` (``None`` here).
 Pure functions: no sockets, no clock.
 """
@@ -60,6 +60,10 @@ class ServerInfo:
     """nsqd's ``--max-deflate-level`` default, reported even with deflate off."""
     tls_v1: bool = False
     """TLS is offered: a client asking for ``tls_v1`` upgrades after the reply."""
+    deflate: bool = False
+    """Deflate is offered (nsqd's ``--deflate``)."""
+    snappy: bool = False
+    """Snappy is offered (nsqd's ``--snappy``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +83,12 @@ class IdentifySettings:
     feature_negotiation: bool = False
     tls_v1: bool = False
     """The client asked for TLS."""
+    deflate: bool = False
+    """The client asked for deflate ..."""
+    deflate_level: int = 0
+    """... at this level (0: the default, 6)."""
+    snappy: bool = False
+    """The client asked for snappy."""
 
     @classmethod
     def defaults(cls, limits: Limits) -> IdentifySettings:
@@ -177,6 +187,9 @@ def identify_settings(
         output_buffer_timeout=buffer_timeout,
         feature_negotiation=d.get("feature_negotiation", False),
         tls_v1=d.get("tls_v1", False),
+        deflate=d.get("deflate", False),
+        deflate_level=d.get("deflate_level", 0),
+        snappy=d.get("snappy", False),
     )
 
 
@@ -185,27 +198,32 @@ def negotiate_identify(
 ) -> tuple[dict[str, Any] | None, IdentifySettings]:
     """``(reply, settings)`` for NSQ V2: nsqd 1.x's reply map, or ``None`` for plain ``OK``.
 
-    ``tls_v1`` is ``true`` when the client asked and the server offers TLS (the
-    socket loop then upgrades the connection, as nsqd does).  Snappy and deflate
-    are not offered, so a client asking for them is answered ``false`` and
-    carries on uncompressed, as with an nsqd started without them.  (nsqd's
-    ``E_IDENTIFY_FAILED`` for deflate *and* snappy cannot happen while both are
-    off.)
+    ``tls_v1``, ``deflate`` and ``snappy`` are ``true`` when the client asked and
+    the server offers them (the socket loop then upgrades the connection in that
+    order, as nsqd does); ``deflate_level`` is the client's (6 when it gave none)
+    capped at ``max_deflate_level``.  Asking for deflate *and* snappy where both
+    are offered is nsqd's fatal ``E_IDENTIFY_FAILED``.
     """
     server = server or ServerInfo()
     settings = identify_settings(data, limits)
     if not settings.feature_negotiation:
         return None, settings
+    deflate = settings.deflate and server.deflate
+    snappy = settings.snappy and server.snappy
+    if deflate and snappy:
+        raise ProtocolError("E_IDENTIFY_FAILED", "cannot enable both deflate and snappy "
+                            "compression", fatal=True)
+    level = settings.deflate_level if deflate and settings.deflate_level > 0 else 6
     reply = {
         "max_rdy_count": limits.max_rdy_count,
         "version": server.version,
         "max_msg_timeout": limits.max_msg_timeout,
         "msg_timeout": settings.msg_timeout,
         "tls_v1": settings.tls_v1 and server.tls_v1,
-        "deflate": False,
-        "deflate_level": 0,
+        "deflate": deflate,
+        "deflate_level": min(level, server.max_deflate_level),
         "max_deflate_level": server.max_deflate_level,
-        "snappy": False,
+        "snappy": snappy,
         "sample_rate": settings.sample_rate,
         "auth_required": server.auth_required,
         "output_buffer_size": settings.output_buffer_size,

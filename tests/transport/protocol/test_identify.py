@@ -101,7 +101,7 @@ def test_negotiation_answers_tls_snappy_deflate_and_auth_as_a_plain_nsqd() -> No
         "msg_timeout": 60_000,
         "tls_v1": False,
         "deflate": False,
-        "deflate_level": 0,
+        "deflate_level": 6,  # (nsqd's reply without deflate: its default level, capped)
         "max_deflate_level": 6,
         "snappy": False,
         "sample_rate": 10,
@@ -110,6 +110,22 @@ def test_negotiation_answers_tls_snappy_deflate_and_auth_as_a_plain_nsqd() -> No
         "output_buffer_timeout": 250,
     }
     assert settings.sample_rate == 10
+
+
+def test_offered_features_are_answered_true_and_the_deflate_level_is_capped() -> None:
+    server = ServerInfo(tls_v1=True, deflate=True, snappy=True, max_deflate_level=4)
+    ask = {"feature_negotiation": True, "tls_v1": True, "deflate": True, "deflate_level": 9}
+    reply, _ = negotiate_identify(ask, LIMITS, server)
+    assert reply is not None
+    assert (reply["tls_v1"], reply["deflate"], reply["deflate_level"], reply["snappy"]) == \
+        (True, True, 4, False)
+    reply, _ = negotiate_identify({"feature_negotiation": True, "snappy": True}, LIMITS, server)
+    assert reply is not None
+    assert (reply["tls_v1"], reply["snappy"], reply["deflate"]) == (False, True, False)
+    with pytest.raises(ProtocolError) as e:
+        negotiate_identify({"feature_negotiation": True, "snappy": True, "deflate": True},
+                           LIMITS, server)
+    assert (e.value.code, e.value.fatal) == ("E_IDENTIFY_FAILED", True)
 
 
 def test_without_feature_negotiation_the_reply_is_plain_ok() -> None:
