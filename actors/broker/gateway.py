@@ -309,13 +309,19 @@ class TcpConnection(_SessionConnection):
             ProtocolError(error[0], error[1], fatal=error[2])))
 
 
+_AUTHORIZED_COMMANDS = (pc.Pub, pc.Mpub, pc.Dpub, pc.Sub)
+
+
 class ProtocolBridge:
     """Turns a session's commands into messages to its `client:<prefix><session>` actor."""
 
-    def __init__(self, prefix: str, connection: Any) -> None:
+    def __init__(self, prefix: str, connection: Any, *, refuse_unauthenticated: bool = False
+                 ) -> None:
         self.prefix = prefix
         self.connection = connection
         self.server: Any = None
+        # (ZeroMQ while --auth-http-address is set: AUTH is offered on NSQ TCP only)
+        self.refuse_unauthenticated = refuse_unauthenticated
 
     def actor_name(self, session: str) -> str:
         return f"client:{self.prefix}{session}"
@@ -324,6 +330,12 @@ class ProtocolBridge:
         name = self.actor_name(session)
         if connections.lookup(name) is None:
             connections.register(name, self.connection(self.server, session))
+        if self.refuse_unauthenticated and isinstance(command, _AUTHORIZED_COMMANDS):
+            connections.lookup(name).respond(corr, (
+                "E_AUTH_FIRST", f"AUTH required before {type(command).__name__.upper()} "
+                "(AUTH is offered on NSQ TCP only: ZeroMQ clients cannot publish or "
+                "subscribe while --auth-http-address is set)", False))
+            return
         msg = to_client_message(command, corr)
         if msg is not None:
             current_endpoint().tell(name, msg)
@@ -390,23 +402,28 @@ class SocketListener(Actor):
             from transport.zmq.server import ZmqServer  # noqa: PLC0415
 
             return ZmqServer(self.options.zmq_address, bridge, limits=limits, server=info)
-        from transport.nsq.server import TcpServer  # noqa: PLC0415
+        from transport.nsq.server import AuthServers, TcpServer  # noqa: PLC0415
 
         host, port = split_address(self.options.tcp_address)
         context = tls.context_for(self.options)
         o = self.options
         return TcpServer(host, port, bridge, limits=limits,
                          info=replace(info, tls_v1=context is not None, deflate=o.deflate,
-                                      snappy=o.snappy, max_deflate_level=o.max_deflate_level),
-                         ssl_context=context, tls_required=self.options.tls_mode != "false")
+                                      snappy=o.snappy, max_deflate_level=o.max_deflate_level,
+                                      auth_required=bool(o.auth_http_address)),
+                         ssl_context=context, tls_required=o.tls_mode != "false",
+                         auth=AuthServers(o.auth_http_address, o.auth_http_request_method)
+                         if o.auth_http_address else None)
 
     def on_start(self) -> None:
         # Client actor names carry this listener's life (a random token): the sessions
         # of a restarted gateway count afresh (and ZeroMQ's routing ids repeat), so a
         # name must never be one that a channel still holds for a client of the last life.
         life = secrets.token_hex(3)
-        bridge = ProtocolBridge(f"z{life}." if self.protocol == "zmq" else f"t{life}.",
-                                ZmqConnection if self.protocol == "zmq" else TcpConnection)
+        zmq = self.protocol == "zmq"
+        bridge = ProtocolBridge(f"z{life}." if zmq else f"t{life}.",
+                                ZmqConnection if zmq else TcpConnection,
+                                refuse_unauthenticated=zmq and bool(self.options.auth_http_address))
         try:
             self.server = self._make_server(bridge)
             bridge.server = self.server

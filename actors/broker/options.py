@@ -138,6 +138,10 @@ class BrokerOptions:
                             "false, or tcp-https (NSQ TCP only)")
     tls_min_version: str = opt("tls1.2", "str", "lowest TLS version: tls1.0, tls1.1, "
                                "tls1.2, tls1.3")
+    # -- AUTH (nsqd's flags; transport/auth.py) -----------------------------------
+    auth_http_address: tuple[str, ...] = opt(
+        (), "str[]", "auth server (<addr>:<port> or a full URL) to check AUTH secrets with")
+    auth_http_request_method: str = opt("get", "str", "how to ask the auth server: get or post")
     # -- compression (nsqd's flags) ------------------------------------------------
     deflate: bool = opt(True, "bool", "let NSQ TCP clients negotiate deflate")
     max_deflate_level: int = opt(6, "int", "highest deflate level a client may ask (1-9)")
@@ -278,6 +282,9 @@ def _validate(o: BrokerOptions) -> None:
         check_host_port("https_address", o.https_address)
         if not o.tls_cert:
             raise fail("https_address", "needs --tls-cert and --tls-key")
+    if o.auth_http_request_method not in {"get", "post"}:
+        raise fail("auth_http_request_method",
+                   f"must be get or post, got {o.auth_http_request_method!r}")
     if not 1 <= o.max_deflate_level <= 9:
         raise fail("max_deflate_level", f"must be in [1, 9], got {o.max_deflate_level}")
     why = tls.check(o.tls_cert, o.tls_key, root_ca=o.tls_root_ca_file,

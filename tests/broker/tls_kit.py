@@ -144,6 +144,7 @@ class Target:
     tcp: str
     http_port: int
     https_port: int
+    zmq: str = ""  # (ours)
 
 
 def tls_flags(pki: Pki, required: str, policy: str = "") -> list[str]:
@@ -165,10 +166,11 @@ def starter(pki: Pki, tmp_path, stops: list) -> Callable[..., Target]:
                 tmp_path / f"data{len(stops)}", https_address=o.https_address,
                 tls_cert=o.tls_cert, tls_key=o.tls_key, tls_root_ca_file=o.tls_root_ca_file,
                 tls_required=o.tls_required, tls_client_auth_policy=o.tls_client_auth_policy,
-                deflate=o.deflate, snappy=o.snappy,
-                max_deflate_level=o.max_deflate_level)).start()
+                deflate=o.deflate, snappy=o.snappy, max_deflate_level=o.max_deflate_level,
+                auth_http_address=o.auth_http_address,
+                auth_http_request_method=o.auth_http_request_method)).start()
             stops.append(b.stop)
-            return Target("ours", b.tcp_address, b.http_port, b.https_port)
+            return Target("ours", b.tcp_address, b.http_port, b.https_port, b.zmq_endpoint)
         tcp, http_port, https_port = free_port(), free_port(), free_port()
         data = tmp_path / f"nsqd{len(stops)}"
         data.mkdir()

@@ -38,13 +38,16 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import ssl
 import threading
 import zlib
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from transport.auth import AuthError, AuthState, query_any
 from transport.nsq.codec import (
     CLOSE_WAIT_FRAME,
     HEARTBEAT_FRAME,
@@ -52,8 +55,20 @@ from transport.nsq.codec import (
     ServerConnection,
     encode_error,
     encode_identify_response,
+    encode_response,
 )
-from transport.protocol.commands import Auth, Cls, Fin, Handler, Identify, Nop
+from transport.protocol.commands import (
+    Auth,
+    Cls,
+    Dpub,
+    Fin,
+    Handler,
+    Identify,
+    Mpub,
+    Nop,
+    Pub,
+    Sub,
+)
 from transport.protocol.identify import ServerInfo
 from transport.protocol.validation import Limits, ProtocolError
 from transport.tls import peer_details
@@ -61,6 +76,8 @@ from transport.tls import peer_details
 log = logging.getLogger(__name__)
 
 _sessions = itertools.count(1)
+
+_COMMAND_NAMES = {Pub: "PUB", Mpub: "MPUB", Dpub: "DPUB", Sub: "SUB"}
 
 HANDSHAKE_TIMEOUT = 5.0
 """Seconds a TLS handshake may take (nsqd's deadline for it)."""
@@ -125,6 +142,9 @@ class _Conn(BaseConn):
         self.switched = False  # IDENTIFY changed the stream: the rest of the read is dropped
         self.inflate: Callable[[bytes], Iterator[bytes]] | None = None
         self.compress: Callable[[bytes], bytes] | None = None
+        self.auth_state: AuthState | None = None
+        self.secret = ""
+        self.waiting: list[Any] | None = None  # events held while the auth server is asked
 
     # -- asyncio.Protocol ---------------------------------------------------
 
@@ -149,10 +169,18 @@ class _Conn(BaseConn):
 
     def _feed(self, data: bytes) -> None:
         self.codec.receive_data(data)
-        fins: list[bytes] = []  # consecutive FINs of one read go to the broker as one
         self.switched = False
-        for event in self.codec.next_events():
+        self._run(self.codec.next_events())
+
+    def _run(self, events: list[Any]) -> None:
+        """Handle `events` in order; while the auth server is asked, they wait."""
+        fins: list[bytes] = []  # consecutive FINs of one read go to the broker as one
+        for i, event in enumerate(events):
             if self.closed or self.switched:
+                return
+            if self.waiting is not None:
+                self.waiting.extend([Fin(tuple(fins))] if fins else [])
+                self.waiting.extend(events[i:])
                 return
             if isinstance(event, Fin):
                 fins.extend(event.ids)
@@ -162,7 +190,10 @@ class _Conn(BaseConn):
                 fins = []
             self._event(event)
         if fins and not self.closed:
-            self._event(Fin(tuple(fins)))
+            if self.waiting is not None:
+                self.waiting.append(Fin(tuple(fins)))
+            else:
+                self._event(Fin(tuple(fins)))
 
     # -- events -----------------------------------------------------------------
 
@@ -185,14 +216,85 @@ class _Conn(BaseConn):
                     self._switch(reply)
             case Cls():
                 self.write(CLOSE_WAIT_FRAME)
-            case Auth():
-                self.write(encode_error(ProtocolError("E_AUTH_DISABLED", "AUTH disabled")))
-                self.close()
+            case Auth(secret=secret):
+                self._auth(secret)
                 return
+            case Pub(topic=topic) | Mpub(topic=topic) | Dpub(topic=topic) | Sub(topic=topic):
+                if self.server.auth is not None and not self._authorized(event, topic):
+                    return
         try:
             self.server.handler.on_command(self.name, None, event)
         except Exception:  # a broken handler must not take the listener down
             log.exception("tcp handler failed on %s from %s", type(event).__name__, self.name)
+
+    # -- AUTH ----------------------------------------------------------------------------
+
+    def _fail(self, code: str, text: str) -> None:
+        self.write(encode_error(ProtocolError(code, text, fatal=True)))
+        self.close()
+
+    def _auth(self, secret: bytes) -> None:
+        if self.server.auth is None:
+            self._fail("E_AUTH_DISABLED", "AUTH disabled")
+        elif self.auth_state is not None and self.auth_state.authorizations:
+            self._fail("E_INVALID", "AUTH already set")
+        else:
+            self.secret = secret.decode("utf-8", "replace")
+            self._ask_auth_server(None)
+
+    def _authorized(self, event: Any, topic: str) -> bool:
+        """Whether `event` may run now (else it was refused, or waits for the auth server
+        to be asked again: its TTL has passed)."""
+        name = _COMMAND_NAMES[type(event)]
+        channel = event.channel if isinstance(event, Sub) else ""
+        state = self.auth_state
+        if state is None or not state.authorizations:
+            self._fail("E_AUTH_FIRST", f"AUTH required before {name}")
+            return False
+        if state.expires <= self.server.loop.time():
+            self._ask_auth_server(event)
+            return False
+        if not state.allows(topic, channel):
+            self._fail("E_UNAUTHORIZED", f'AUTH failed for {name} on "{topic}" "{channel}"')
+            return False
+        return True
+
+    def _ask_auth_server(self, then: Any) -> None:
+        """Ask the auth server (AUTH's secret), holding every event until it answers;
+        then `then` (a command whose TTL had passed) runs first, or AUTH is answered."""
+        self.waiting = [] if then is None else [then]
+        self.server.loop.create_task(self._query(answer_auth=then is None))
+
+    async def _query(self, *, answer_auth: bool) -> None:
+        server = self.server
+        assert server.auth is not None
+        peer = self.transport.get_extra_info("peername") if self.transport else None
+        try:
+            state = await query_any(
+                server.http_session(), server.auth.addresses, server.auth.method,
+                remote_ip=peer[0] if peer else "", tls=self.codec.tls, secret=self.secret,
+                common_name=self.details.get("tls_common_name", ""), clock=server.loop.time)
+        except AuthError as e:  # (the reason is logged, never told: nsqd's rule)
+            log.warning("tcp client %s: AUTH failed %s", self.name, e)
+            self.waiting = None
+            self._fail("E_AUTH_FAILED", "AUTH failed")
+            return
+        if self.closed:
+            return
+        self.auth_state = state
+        if not state.authorizations:
+            self.waiting = None
+            self._fail("E_UNAUTHORIZED", "AUTH no authorizations found")
+            return
+        self.details.update(auth_identity=state.identity,
+                            auth_identity_url=state.identity_url)
+        if answer_auth:
+            self.write(encode_response(json.dumps(
+                {"identity": state.identity, "identity_url": state.identity_url,
+                 "permission_count": len(state.authorizations)},
+                separators=(",", ":")).encode()))
+        waiting, self.waiting = self.waiting or [], None
+        self._run(waiting)
 
     # -- TLS and compression, after IDENTIFY -------------------------------------------
 
@@ -393,6 +495,7 @@ class LoopServer:
             for conn in list(self.conns.values()):
                 conn.close()
             await self._server.wait_closed()
+            await self._close_resources()
 
         try:
             asyncio.run_coroutine_threadsafe(_shutdown(), self.loop).result(timeout)
@@ -401,6 +504,9 @@ class LoopServer:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout)
         self.loop.close()
+
+    async def _close_resources(self) -> None:
+        """What a subclass must release on the loop as it stops."""
 
     def send(self, session: str, data: bytes) -> None:
         """Write to a connection, from any thread (dropped if it is gone)."""
@@ -472,14 +578,37 @@ class LoopServer:
         return len(self.conns)
 
 
+@dataclass(frozen=True)
+class AuthServers:
+    """``--auth-http-address`` (one or more) and ``--auth-http-request-method``."""
+
+    addresses: tuple[str, ...]
+    method: str = "get"
+
+
 class TcpServer(LoopServer):
     """NSQ TCP V2's listener: see the module docstring."""
 
     def __init__(self, host: str, port: int, handler: Handler, *, limits: Limits,
                  info: ServerInfo | None = None, ssl_context: ssl.SSLContext | None = None,
-                 tls_required: bool = False) -> None:
+                 tls_required: bool = False, auth: AuthServers | None = None) -> None:
         super().__init__(host, port, handler, _Conn)
         self.limits = limits
         self.info = info or ServerInfo()
         self.ssl_context = ssl_context
         self.tls_required = tls_required
+        self.auth = auth
+        self._http: Any = None
+
+    def http_session(self) -> Any:
+        """The loop's HTTP client (for the auth servers), made on first use."""
+        if self._http is None:
+            import aiohttp  # noqa: PLC0415 - only with --auth-http-address
+
+            self._http = aiohttp.ClientSession()
+        return self._http
+
+    async def _close_resources(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None

@@ -1,0 +1,253 @@
+"""NSQ AUTH (``--auth-http-address``): an auth server the test runs decides what each
+secret may do; the same answers as nsqd 1.3 (run beside ours), with pynsq, TTL expiry
+and revocation, TLS common names, and ZeroMQ clients refused while AUTH is on."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+
+from tests.broker.tls_kit import Client
+from transport.client import BrokerRefused, Producer
+from transport.nsq.client_codec import ErrorFrame, Response
+from transport.protocol import commands as pc
+
+pytestmark = pytest.mark.timeout(120)
+
+READER = {"topic": "^orders$", "channels": ["^billing$"], "permissions": ["subscribe"]}
+WRITER = {"topic": "^orders", "channels": [".*"], "permissions": ["publish"]}
+
+
+class AuthServer:
+    """An auth server: ``secrets`` maps a secret to its answer (absent: 403); every
+    request's fields are kept in ``asked``."""
+
+    def __init__(self) -> None:
+        self.secrets: dict[str, dict[str, Any]] = {}
+        self.asked: list[dict[str, str]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self, fields: dict[str, str]) -> None:
+                outer.asked.append(fields)
+                answer = outer.secrets.get(fields.get("secret", ""))
+                body = json.dumps(answer or {"message": "NOT_AUTHORIZED"}).encode()
+                self.send_response(200 if answer is not None else 403)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                query = parse_qs(urlparse(self.path).query, keep_blank_values=True)
+                self._answer({k: v[0] for k, v in query.items()})
+
+            def do_POST(self) -> None:
+                data = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                self._answer({k: v[0] for k, v in data.items()} | {"method": "post"})
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def grant(self, secret: str, *auths: dict[str, Any], ttl: int = 3600) -> None:
+        self.secrets[secret] = {"ttl": ttl, "identity": f"id-{secret}",
+                                "identity_url": f"https://people/{secret}",
+                                "authorizations": list(auths)}
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def authd() -> Iterator[AuthServer]:
+    server = AuthServer()
+    server.grant("writer", WRITER)
+    server.grant("reader", READER)
+    server.grant("nobody")
+    yield server
+    server.close()
+
+
+def _error(c: Client) -> str:
+    (frame,) = c.frames(1)
+    assert isinstance(frame, ErrorFrame), frame
+    return str(frame.error)
+
+
+def _authed(c: Client, secret: str) -> dict[str, Any]:
+    c.send(pc.Auth(secret.encode()))
+    (frame,) = c.frames(1)
+    assert isinstance(frame, Response), frame
+    return json.loads(frame.data)
+
+
+@pytest.mark.parametrize("kind", ["ours", "nsqd"])
+def test_auth_answers_and_permissions_are_nsqds(start, authd, kind):
+    t = start(kind, "false", extra=(f"--auth-http-address={authd.address}",))
+    c = Client(t.tcp)
+    try:
+        assert c.identify()["auth_required"] is True
+        c.send(pc.Pub("orders", b"x"))
+        assert _error(c) == "E_AUTH_FIRST AUTH required before PUB"
+        assert c.closed_by_peer()
+    finally:
+        c.close()
+
+    c = Client(t.tcp)
+    try:
+        c.identify(user_agent="auth-test")
+        assert _authed(c, "writer") == {"identity": "id-writer",
+                                        "identity_url": "https://people/writer",
+                                        "permission_count": 1}
+        c.send(pc.Pub("orders", b"x"))
+        c.send(pc.Mpub("orders_eu", (b"y", b"z")))
+        assert c.frames(2) == [Response(b"OK"), Response(b"OK")]
+        c.send(pc.Auth(b"writer"))
+        assert _error(c) == "E_INVALID AUTH already set"
+    finally:
+        c.close()
+    assert authd.asked[-1]["secret"] == "writer"  # noqa: S105 - the test's own secret
+    assert authd.asked[-1]["remote_ip"] == "127.0.0.1"
+    assert authd.asked[-1]["tls"] == "false"
+
+    c = Client(t.tcp)
+    try:
+        _authed(c, "writer")
+        c.send(pc.Dpub("payments", 10, b"x"))
+        assert _error(c) == 'E_UNAUTHORIZED AUTH failed for DPUB on "payments" ""'
+    finally:
+        c.close()
+
+    for channel, answer in (("billing", "OK"), ("audit", None)):
+        c = Client(t.tcp)
+        try:
+            _authed(c, "reader")
+            c.send(pc.Sub("orders", channel))
+            if answer:
+                assert c.frames(1) == [Response(b"OK")]
+            else:
+                assert _error(c) == 'E_UNAUTHORIZED AUTH failed for SUB on "orders" "audit"'
+        finally:
+            c.close()
+
+    for secret, error in (("stolen", "E_AUTH_FAILED AUTH failed"),
+                          ("nobody", "E_UNAUTHORIZED AUTH no authorizations found")):
+        c = Client(t.tcp)
+        try:
+            c.send(pc.Auth(secret.encode()))
+            assert _error(c) == error
+            assert c.closed_by_peer()
+        finally:
+            c.close()
+
+
+@pytest.mark.parametrize("kind", ["ours", "nsqd"])
+def test_after_the_ttl_the_server_is_asked_again_and_a_revoked_secret_stops(start, authd,
+                                                                            kind):
+    t = start(kind, "false", extra=(f"--auth-http-address={authd.address}",))
+    authd.grant("short", WRITER, ttl=1)
+    c = Client(t.tcp)
+    try:
+        _authed(c, "short")
+        c.send(pc.Pub("orders", b"1"))
+        assert c.frames(1) == [Response(b"OK")]
+        asked = len(authd.asked)
+        time.sleep(1.2)  # (the TTL is whole seconds, on the broker's own clock)
+        c.send(pc.Pub("orders", b"2"))  # asked again, still granted
+        assert c.frames(1) == [Response(b"OK")]
+        assert len(authd.asked) == asked + 1
+        del authd.secrets["short"]  # revoked
+        time.sleep(1.2)
+        c.send(pc.Pub("orders", b"3"))
+        assert _error(c) == "E_AUTH_FAILED AUTH failed"
+    finally:
+        c.close()
+
+
+def test_commands_sent_while_the_server_is_asked_wait_for_its_answer(start, authd):
+    t = start("ours", "false", extra=(f"--auth-http-address={authd.address}",))
+    c = Client(t.tcp)
+    try:
+        # AUTH and two PUBs in one write: the PUBs run after the answer, in order
+        c.sock.sendall(c.codec.send(pc.Auth(b"writer")) + c.codec.send(pc.Pub("orders", b"a"))
+                       + c.codec.send(pc.Pub("orders", b"b")))
+        reply, ok1, ok2 = c.frames(3)
+        assert json.loads(reply.data)["identity"] == "id-writer"
+        assert (ok1, ok2) == (Response(b"OK"), Response(b"OK"))
+    finally:
+        c.close()
+
+
+def test_post_and_a_second_server_when_the_first_is_down(start, authd):
+    dead = "127.0.0.1:1"  # nothing listens there
+    t = start("ours", "false", extra=(f"--auth-http-address={dead}",
+                                      f"--auth-http-address={authd.address}",
+                                      "--auth-http-request-method=post"))
+    for _ in range(3):  # whichever the random order asks first
+        c = Client(t.tcp)
+        try:
+            assert _authed(c, "writer")["identity"] == "id-writer"
+        finally:
+            c.close()
+    assert authd.asked[-1]["method"] == "post"
+
+
+def test_the_auth_server_hears_the_tls_client_certificates_common_name(start, authd, pki):
+    t = start("ours", "true", "require-verify",
+              extra=(f"--auth-http-address={authd.address}",))
+    c = Client(t.tcp)
+    try:
+        c.identify(tls_v1=True)
+        assert c.upgrade(pki.client_context(with_cert=pki.client_cert))
+        _authed(c, "writer")
+    finally:
+        c.close()
+    assert (authd.asked[-1]["tls"], authd.asked[-1]["common_name"]) == ("true", "reader-7")
+
+
+def test_zeromq_clients_are_refused_while_auth_is_on(start, authd):
+    t = start("ours", "false", extra=(f"--auth-http-address={authd.address}",))
+    with Producer(t.zmq, timeout=5, max_attempts=1, retry_for=0) as p, \
+            pytest.raises(BrokerRefused, match="E_AUTH_FIRST"):
+        p.publish("orders", b"x")
+
+
+def test_the_real_pynsq_authenticates_with_its_auth_secret(start, authd):
+    pytest.importorskip("nsq")
+    authd.grant("pynsq", WRITER, {**READER, "channels": [".*"]})
+    t = start("ours", "false", extra=(f"--auth-http-address={authd.address}",))
+    script = f"""
+import sys, nsq, tornado.ioloop
+loop = tornado.ioloop.IOLoop.current()
+got, acks = [], []
+def handler(m):
+    got.append(m.body)
+    loop.stop()
+    return True
+r = nsq.Reader(topic="orders", channel="c", message_handler=handler,
+               nsqd_tcp_addresses=[{t.tcp!r}], auth_secret=b"pynsq", max_in_flight=10)
+w = nsq.Writer([{t.tcp!r}], auth_secret=b"pynsq")
+loop.call_later(1.0, lambda: w.pub("orders", b"hi", callback=lambda c, d: acks.append(d)))
+loop.call_later(30.0, loop.stop)
+loop.start()
+print(got, acks)
+sys.exit(0 if got == [b"hi"] and acks == [b"OK"] else 1)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, (done.stdout, done.stderr[-3000:])
