@@ -474,18 +474,20 @@ class HttpListener(Actor):
             from transport.http.api import HttpServer  # noqa: PLC0415 - aiohttp only here
 
             limits = Limits.from_options(o)
+            auth = (o.auth_http_address, o.auth_http_request_method) \
+                if o.auth_http_address else None
             if o.https_address:
                 address = o.https_address
                 host, port = split_address(o.https_address)
                 self.https = HttpServer(facade, limits, host, port,
-                                        ssl_context=tls.context_for(o)).start()
+                                        ssl_context=tls.context_for(o), auth=auth).start()
                 self.https_port = facade.ports["https"] = self.https.port
                 log.info("HTTPS API listening on %s:%d", host, self.https_port)
             address = o.http_address
             self.server = HttpServer(
                 facade, limits, self.host, self.port,
                 tls_required_https_port=(lambda: self.https_port)
-                if o.tls_mode == "true" else None)
+                if o.tls_mode == "true" else None, auth=auth)
             self.server.start()
         except Exception as e:  # reported by ListenerInfo: never a crash loop
             self.error = f"listen ({address}) failed: {e}"

@@ -4,6 +4,7 @@ and revocation, TLS common names, and ZeroMQ clients refused while AUTH is on.""
 
 from __future__ import annotations
 
+import http.client
 import json
 import subprocess
 import sys
@@ -251,3 +252,47 @@ sys.exit(0 if got == [b"hi"] and acks == [b"OK"] else 1)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=60, check=False)
     assert done.returncode == 0, (done.stdout, done.stderr[-3000:])
+
+
+def _post(port: int, path: str, secret: str | None = None, *, ctx: Any = None
+          ) -> tuple[int, dict[str, str], bytes]:
+    conn = (http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=ctx)
+            if ctx is not None else http.client.HTTPConnection("127.0.0.1", port, timeout=10))
+    try:
+        headers = {"Authorization": f"Bearer {secret}"} if secret else {}
+        conn.request("POST", path, body=b"hello", headers=headers)
+        r = conn.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        conn.close()
+
+
+def test_http_writes_need_a_secret_the_auth_server_allows_and_reads_stay_open(start, authd,
+                                                                              pki):
+    authd.grant("admin", WRITER, {**READER, "channels": [".*"]})
+    t = start("ours", "false", extra=(f"--auth-http-address={authd.address}",))
+    status, headers, body = _post(t.http_port, "/pub?topic=orders")
+    assert (status, json.loads(body)) == (401, {"message": "AUTH_REQUIRED"})
+    assert headers["www-authenticate"].startswith("Bearer")
+    assert _post(t.http_port, "/pub?topic=orders", "stolen")[:3:2] == \
+        (403, b'{"message":"AUTH_FAILED"}')
+    assert _post(t.http_port, "/pub?topic=payments", "writer")[:3:2] == \
+        (403, b'{"message":"UNAUTHORIZED"}')
+    assert _post(t.http_port, "/pub?topic=orders", "writer")[:3:2] == (200, b"OK")
+    asked = len(authd.asked)
+    assert _post(t.http_port, "/mpub?topic=orders", "writer")[0] == 200
+    assert len(authd.asked) == asked  # (kept for its TTL)
+    # a channel action needs subscribe on it; the reader may not empty "audit"
+    assert _post(t.http_port, "/channel/create?topic=orders&channel=audit", "reader")[0] == 403
+    assert _post(t.http_port, "/channel/create?topic=orders&channel=audit", "admin")[0] == 200
+    assert _post(t.http_port, "/topic/pause?topic=orders", "reader")[0] == 403
+    # reads stay open
+    conn = http.client.HTTPConnection("127.0.0.1", t.http_port, timeout=10)
+    conn.request("GET", "/stats?format=json&topic=orders")
+    r = conn.getresponse()
+    assert r.status == 200
+    assert json.loads(r.read())["topics"][0]["message_count"] == 2
+    conn.close()
+    # over HTTPS the auth server hears tls=true
+    assert _post(t.https_port, "/pub?topic=orders", "admin", ctx=pki.client_context())[0] == 200
+    assert authd.asked[-1]["tls"] == "true"

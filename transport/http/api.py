@@ -37,12 +37,13 @@ rendered by :mod:`transport.http.metrics` from the one facade stats snapshot.  S
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import re
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from typing import Any, Protocol, TypeVar
 
@@ -55,6 +56,7 @@ from transport.http.base import (
     call,
     errors,
     v1,
+    v1_error,
 )
 from transport.http.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from transport.http.metrics import format_stats_text, render_metrics
@@ -68,6 +70,7 @@ from transport.protocol.validation import (
     check_mpub_count,
     check_topic,
 )
+from transport.tls import peer_details
 
 __all__ = ["BrokerFacade", "HttpError", "HttpServer", "make_app", "split_binary_mpub"]
 
@@ -472,6 +475,66 @@ def make_app(facade: BrokerFacade, limits: Limits | None = None, *,
     return app
 
 
+def auth_middleware(addresses: Sequence[str], method: str, *, https: bool) -> Any:
+    """With ``--auth-http-address``: every POST (publishing, and each topic and channel
+    action) needs ``Authorization: Bearer <secret>``, which the auth servers judge as they
+    judge NSQ's AUTH (transport.auth): ``publish`` on the topic for ``/pub``, ``/mpub``
+    and ``/topic/*``, ``subscribe`` on the topic and channel for ``/channel/*``.  nsqd
+    1.3 leaves HTTP open beside an authenticated TCP port; this closes that.  Answers:
+    401 ``AUTH_REQUIRED`` without a secret, 403 ``AUTH_FAILED`` when the servers refuse
+    it (or cannot be asked), 403 ``UNAUTHORIZED`` when it may not do this.  An answer is
+    kept for its TTL per secret, client address and certificate name.  GETs (``/ping``,
+    ``/info``, ``/stats``, ``/metrics``) stay open."""
+    import aiohttp  # noqa: PLC0415
+
+    from transport.auth import AuthError, AuthState, query_any  # noqa: PLC0415
+
+    cache: dict[tuple[str, str, str], AuthState] = {}
+    sessions: list[aiohttp.ClientSession] = []
+
+    @web.middleware
+    async def auth(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.method != "POST":
+            return await handler(request)
+        scheme, _, secret = request.headers.get("Authorization", "").partition(" ")
+        secret = secret.strip()
+        if scheme.lower() != "bearer" or not secret:
+            return v1_error(401, "AUTH_REQUIRED", {"WWW-Authenticate": 'Bearer realm="nsq"'})
+        transport = request.transport
+        peer = transport.get_extra_info("peername") if transport is not None else None
+        ip = str(peer[0]) if peer else ""
+        tls_object = transport.get_extra_info("ssl_object") if transport is not None else None
+        common_name = peer_details(tls_object).get("tls_common_name", "")
+        loop = asyncio.get_running_loop()
+        key = (secret, ip, common_name)
+        state = cache.get(key)
+        if state is None or state.expires <= loop.time():
+            if not sessions:
+                sessions.append(aiohttp.ClientSession())
+            try:
+                state = await query_any(sessions[0], addresses, method, remote_ip=ip, tls=https,
+                                        secret=secret, common_name=common_name,
+                                        clock=loop.time)
+            except AuthError as e:
+                logger.warning("HTTP %s from %s: AUTH failed %s", request.path, ip, e)
+                cache.pop(key, None)
+                return v1_error(403, "AUTH_FAILED")
+            if len(cache) >= 10_000:
+                cache.clear()
+            cache[key] = state
+        channel = request.query.get("channel", "") if request.path.startswith("/channel/") \
+            else ""
+        if not state.allows(request.query.get("topic", ""), channel):
+            return v1_error(403, "UNAUTHORIZED")
+        return await handler(request)
+
+    async def close(_app: web.Application) -> None:
+        for session in sessions:
+            await session.close()
+
+    return auth, close
+
+
 class HttpServer(AppServer):
     """Serves :func:`make_app` over `facade` on its own thread (:class:`AppServer`).
 
@@ -483,10 +546,12 @@ class HttpServer(AppServer):
     def __init__(self, facade: BrokerFacade, limits: Limits | None = None,
                  host: str = "127.0.0.1", port: int = 4151, *, max_workers: int = 8,
                  shutdown_timeout: float = 2.0, ssl_context: ssl.SSLContext | None = None,
-                 tls_required_https_port: Callable[[], int] | None = None) -> None:
+                 tls_required_https_port: Callable[[], int] | None = None,
+                 auth: tuple[Sequence[str], str] | None = None) -> None:
         self.facade = facade
         self.limits = limits or Limits()
         self.tls_required_https_port = tls_required_https_port
+        self.auth = auth  # (auth server addresses, request method): see auth_middleware
         super().__init__(self._app, host, port, max_workers=max_workers,
                          shutdown_timeout=shutdown_timeout, ssl_context=ssl_context,
                          name="https-api" if ssl_context is not None else "http-api")
@@ -494,6 +559,10 @@ class HttpServer(AppServer):
     def _app(self, executor: Executor, port: int) -> web.Application:
         app = make_app(self.facade, self.limits, executor=executor)
         app[HTTP_PORT].append(port)
+        if self.auth is not None:
+            check, close = auth_middleware(*self.auth, https=self.ssl_context is not None)
+            app.middlewares.insert(0, check)
+            app.on_cleanup.append(close)
         https_port = self.tls_required_https_port
         if https_port is not None:
             @web.middleware
