@@ -70,6 +70,7 @@ import zmq
 
 from transport.protocol import commands as pc
 from transport.protocol.validation import ProtocolError
+from transport.zmq import curve
 from transport.zmq.codec import ErrorReply, Messages, Ok, encode_request, parse_reply
 from transport.zmq.frames import recv_frames, send_frames
 
@@ -95,9 +96,22 @@ class BrokerRefused(ClientError):
         self.text = text
 
 
-def _socket(ctx: zmq.Context[Any], endpoint: str) -> zmq.Socket[Any]:
+Curve = tuple[bytes | str, "curve.KeyPair"]  # (the server's public key, our key pair)
+
+
+def _curve(server_key: bytes | str | None, keypair: Any) -> Curve | None:
+    """CURVE settings for a client's sockets (one key pair for all of them)."""
+    if server_key is None:
+        return None
+    return server_key, keypair or zmq.curve_keypair()
+
+
+def _socket(ctx: zmq.Context[Any], endpoint: str, curve_with: Curve | None = None
+            ) -> zmq.Socket[Any]:
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    if curve_with is not None:
+        curve.client_options(sock, *curve_with)
     sock.connect(endpoint)
     return sock
 
@@ -119,10 +133,12 @@ class Producer:
 
     def __init__(self, endpoints: str | Sequence[str], *, timeout: float = 5.0,
                  max_attempts: int = 3, max_backoff: float = 5.0,
-                 retry_for: float = 0.0) -> None:
+                 retry_for: float = 0.0, curve_server_key: bytes | str | None = None,
+                 curve_keypair: tuple[bytes, bytes] | None = None) -> None:
         eps = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not eps:
             raise ValueError("need at least one broker endpoint")
+        self._curve = _curve(curve_server_key, curve_keypair)
         self._ctx: zmq.Context[Any] = zmq.Context()
         self._brokers = [_Broker(e) for e in eps]
         # round-robin from a random broker: many short-lived producers (Spark tasks)
@@ -209,7 +225,7 @@ class Producer:
         the caller retries only what no broker acknowledged.
         """
         if broker.sock is None:
-            broker.sock = _socket(self._ctx, broker.endpoint)
+            broker.sock = _socket(self._ctx, broker.endpoint, self._curve)
         sock = broker.sock
         waiting: dict[bytes, Any] = {}
         for command in commands:
@@ -342,7 +358,7 @@ class _Session:
 
     def _session(self) -> None:
         c = self.consumer
-        self.sock = _socket(c.ctx, self.endpoint)
+        self.sock = _socket(c.ctx, self.endpoint, c.curve)
         # A DEALER reconnects by itself, but the broker behind it may be a new one that
         # knows nothing of this session: on a disconnect, start the session afresh
         # (IDENTIFY, SUB, RDY) at once rather than after two silent heartbeats.
@@ -443,10 +459,13 @@ class Consumer:
                  lookupd_poll_interval: float = 60.0, lookupd_poll_jitter: float = 0.3,
                  rdy_redistribute_interval: float = 5.0,
                  connections_per_broker: int = 1,
-                 max_rdy_per_connection: int = 2500) -> None:
+                 max_rdy_per_connection: int = 2500,
+                 curve_server_key: bytes | str | None = None,
+                 curve_keypair: tuple[bytes, bytes] | None = None) -> None:
         eps = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not eps and not lookupd_http_addresses:
             raise ValueError("need at least one broker endpoint or lookupd address")
+        self.curve = _curve(curve_server_key, curve_keypair)
         self.topic, self.channel, self.handler = topic, channel, handler
         self.max_in_flight = max_in_flight
         self.heartbeat_interval_ms = heartbeat_interval_ms

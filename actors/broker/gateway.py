@@ -399,9 +399,15 @@ class SocketListener(Actor):
         limits = Limits.from_options(self.options)
         info = ServerInfo(version=_version())
         if self.protocol == "zmq":
+            from transport.zmq import curve  # noqa: PLC0415
             from transport.zmq.server import ZmqServer  # noqa: PLC0415
 
-            return ZmqServer(self.options.zmq_address, bridge, limits=limits, server=info)
+            o = self.options
+            return ZmqServer(o.zmq_address, bridge, limits=limits, server=info,
+                             curve=curve.load_or_create_keys(o.zmq_curve_secret_key)
+                             if o.zmq_curve_secret_key else None,
+                             curve_allowed=curve.load_allowed(o.zmq_curve_allow)
+                             if o.zmq_curve_allow else None)
         from transport.nsq.server import AuthServers, TcpServer  # noqa: PLC0415
 
         host, port = split_address(self.options.tcp_address)

@@ -142,6 +142,11 @@ class BrokerOptions:
     auth_http_address: tuple[str, ...] = opt(
         (), "str[]", "auth server (<addr>:<port> or a full URL) to check AUTH secrets with")
     auth_http_request_method: str = opt("get", "str", "how to ask the auth server: get or post")
+    # -- CURVE on the ZeroMQ listener (transport/zmq/curve.py) -----------------------
+    zmq_curve_secret_key: str = opt("", "str", "ZeroMQ CURVE secret certificate (made, "
+                                    "with its public one beside it, if missing)")
+    zmq_curve_allow: str = opt("", "str", "directory of clients' public certificates, or "
+                               "a file of Z85 public keys, let in (default: any key)")
     # -- compression (nsqd's flags) ------------------------------------------------
     deflate: bool = opt(True, "bool", "let NSQ TCP clients negotiate deflate")
     max_deflate_level: int = opt(6, "int", "highest deflate level a client may ask (1-9)")
@@ -282,6 +287,8 @@ def _validate(o: BrokerOptions) -> None:
         check_host_port("https_address", o.https_address)
         if not o.tls_cert:
             raise fail("https_address", "needs --tls-cert and --tls-key")
+    if o.zmq_curve_allow and not o.zmq_curve_secret_key:
+        raise fail("zmq_curve_allow", "needs --zmq-curve-secret-key")
     if o.auth_http_request_method not in {"get", "post"}:
         raise fail("auth_http_request_method",
                    f"must be get or post, got {o.auth_http_request_method!r}")

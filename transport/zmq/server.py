@@ -44,6 +44,7 @@ import zmq
 from transport.protocol.commands import Cls, Handler, Identify, Nop
 from transport.protocol.identify import IdentifySettings, ServerInfo
 from transport.protocol.validation import ConnectionState, Limits, ProtocolError
+from transport.zmq import curve as curve_keys
 from transport.zmq.codec import (
     encode_error,
     encode_heartbeat,
@@ -74,7 +75,9 @@ class ZmqServer:
 
     def __init__(self, address: str, handler: Handler, *, limits: Limits,
                  server: ServerInfo | None = None, max_frame: int | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 curve: curve_keys.KeyPair | None = None,
+                 curve_allowed: frozenset[bytes] | None = None) -> None:
         self.address = address
         self.handler = handler
         self.limits = limits
@@ -88,6 +91,11 @@ class ZmqServer:
         self._router.setsockopt(zmq.MAXMSGSIZE, self.max_frame)
         self._router.setsockopt(zmq.ROUTER_MANDATORY, 0)
         self._router.setsockopt(zmq.SNDHWM, 100_000)
+        # CURVE (transport/zmq/curve.py): the ZAP handler checks keys in the handshake
+        self._zap = None
+        if curve is not None:
+            self._zap = curve_keys.start_authenticator(self._ctx, curve_allowed)
+            curve_keys.server_options(self._router, curve)
         self._out_addr = f"inproc://zmq-server-out-{next(_ids)}"
         self._pull = self._ctx.socket(zmq.PULL)
         self._pull.setsockopt(zmq.LINGER, 0)
@@ -122,6 +130,8 @@ class ZmqServer:
             self._thread.join(timeout)
         with self._push_lock:
             self._push.close(linger=0)
+        if self._zap is not None:
+            self._zap.stop()
         self._ctx.destroy(linger=0)
 
     # ----------------------------------------------------------------- sending
