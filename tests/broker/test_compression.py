@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import zlib
 
 import pytest
@@ -178,3 +179,22 @@ sys.exit(0 if sorted(got) == [b"a" * 3000, b"b"] and acks and acks[0] == b"OK" e
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=60, check=False)
     assert done.returncode == 0, (done.stdout, done.stderr[-3000:])
+
+
+@pytest.mark.parametrize("how", ["deflate", "snappy"])
+def test_a_compressed_command_split_across_reads_is_put_together(start, how):
+    # (a read holding only part of a chunk inflates to nothing: that must not read as
+    # the client closing -- it did, and MPUBs over TLS, read 16 KiB a record, hung)
+    t = start("ours", "false")
+    c = Client(t.tcp)
+    try:
+        c.identify(**{how: True})
+        (_deflate_client if how == "deflate" else _snappy_client)(c)
+        assert c.frames(1) == [Response(b"OK")]
+        wire = c.out(c.codec.send(pc.Mpub("split", tuple(os.urandom(64) for _ in range(300)))))
+        for i in range(0, len(wire), 4096):
+            c.sock.sendall(wire[i:i + 4096])
+            time.sleep(0.02)  # each piece its own read
+        assert c.frames(1) == [Response(b"OK")]
+    finally:
+        c.close()

@@ -162,7 +162,8 @@ class _Conn(BaseConn):
             for piece in self.inflate(data):
                 if self.closed:
                     return
-                self._feed(piece)
+                if piece:  # (b"" is the codec's end of stream; part of a chunk inflates to it)
+                    self._feed(piece)
         except Exception as e:  # zlib.error, snappy's errors: the stream is garbage
             log.info("tcp client %s sent a corrupt compressed stream: %s", self.name, e)
             self.close()
