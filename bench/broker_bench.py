@@ -78,8 +78,9 @@ class TcpClient:
             out.append(e)
 
 
-def publish_tcp(address: str, topic: str, bodies: list[bytes], batch: int) -> None:
-    c = TcpClient(address)
+def publish_tcp(address: str, topic: str, bodies: list[bytes], batch: int, *,
+                client: TcpClient | None = None) -> None:
+    c = client or TcpClient(address)
     pending = 0
     for i in range(0, len(bodies), batch):
         c.send(pc.Mpub(topic, tuple(bodies[i : i + batch])))
@@ -91,13 +92,15 @@ def publish_tcp(address: str, topic: str, bodies: list[bytes], batch: int) -> No
     c.sock.close()
 
 
-def consume_tcp(address: str, topic: str, channel: str, count: int, lat: list[float]) -> None:
+def consume_tcp(address: str, topic: str, channel: str, count: int, lat: list[float], *,
+                client: TcpClient | None = None) -> None:
     """A lean NSQ V2 consumer: frames parsed in place, one write of FINs per read.
 
     The broker is what is measured, so the client does as little per message
-    as a Go client would (our full codec is exercised by the tests).
+    as a Go client would (our full codec is exercised by the tests).  `client`:
+    a connection already set up (e.g. upgraded to TLS by bench.security_bench).
     """
-    c = TcpClient(address)
+    c = client or TcpClient(address)
     c.send(pc.Sub(topic, channel))
     c.send(pc.Rdy(2500))
     sock = c.sock
