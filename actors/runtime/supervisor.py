@@ -127,7 +127,10 @@ class Supervisor:
             msg = "supervisor already started"
             raise RuntimeError(msg)
         self._started = True
-        os.makedirs(self.run_dir, exist_ok=True)
+        # The nodes' mailboxes and the control socket are unix sockets in the run
+        # directory: only this user may reach them, whatever the listeners bind to.
+        os.makedirs(self.run_dir, mode=0o700, exist_ok=True)
+        os.chmod(self.run_dir, 0o700)
         self._endpoint = Endpoint("supervisor", self.run_dir, self.placement, self.options)
         self._wake_r, self._wake_w = os.pipe()
         try:

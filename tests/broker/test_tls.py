@@ -13,6 +13,7 @@ import os
 import re
 import socket
 import ssl
+import stat
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ import time
 import pytest
 
 from actors.broker import Broker
-from actors.broker.options import OptionsError, parse_options
+from actors.broker.options import OptionsError, parse_options, run_dir_for
 from tests.broker.conftest import broker_options
 from tests.broker.tls_kit import Client, https, tls_flags
 from transport.nsq import server as nsq_server
@@ -255,3 +256,16 @@ def test_client_auth_policy_alone_makes_tls_required(pki):
     o = parse_options(tls_flags(pki, "false", "require-verify"))
     assert o.tls_mode == "true"
 
+
+
+def test_mailboxes_and_the_control_socket_are_this_users_only(tmp_path):
+    """Whatever the listeners bind to, the nodes' mailboxes and the control socket (and
+    with it --debug-hooks' crash) are unix sockets in a directory only this user can
+    enter."""
+    b = Broker(broker_options(tmp_path / "data")).start()
+    try:
+        run_dir = run_dir_for(str(tmp_path / "data"))
+        assert stat.S_IMODE(os.stat(run_dir).st_mode) == 0o700
+        assert any(name.endswith(".sock") for name in os.listdir(run_dir))
+    finally:
+        b.stop()
