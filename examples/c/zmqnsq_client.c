@@ -9,6 +9,10 @@
  *
  * Exit status 0 when every message came back; it prints "published N" and
  * "received N" lines.
+ *
+ * CURVE (a broker started with --zmq-curve-secret-key): set ZMQNSQ_CURVE_SERVERKEY
+ * to the broker's public key and ZMQNSQ_CURVE_PUBLICKEY / ZMQNSQ_CURVE_SECRETKEY to
+ * this client's key pair, all Z85 (40 characters), before it connects.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -92,6 +96,21 @@ int main(int argc, char **argv) {
     void *sock = zmq_socket(ctx, ZMQ_DEALER);
     int linger = 0;
     zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
+    const char *server_key = getenv("ZMQNSQ_CURVE_SERVERKEY");
+    if (server_key != NULL) {
+        const char *public_key = getenv("ZMQNSQ_CURVE_PUBLICKEY");
+        const char *secret_key = getenv("ZMQNSQ_CURVE_SECRETKEY");
+        /* Z85 keys: 40 characters and the terminating NUL */
+        if (public_key == NULL || secret_key == NULL
+            || zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, server_key, 41) != 0
+            || zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, public_key, 41) != 0
+            || zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, secret_key, 41) != 0) {
+            fprintf(stderr, "CURVE keys: %s\n", public_key == NULL || secret_key == NULL
+                    ? "ZMQNSQ_CURVE_PUBLICKEY and ZMQNSQ_CURVE_SECRETKEY are needed"
+                    : zmq_strerror(zmq_errno()));
+            return 2;
+        }
+    }
     if (zmq_connect(sock, endpoint) != 0) {
         fprintf(stderr, "connect %s: %s\n", endpoint, zmq_strerror(zmq_errno()));
         return 1;
@@ -138,7 +157,10 @@ int main(int argc, char **argv) {
                 size_t size = zmq_msg_size(&m.part[f]);
                 const char *data = zmq_msg_data(&m.part[f]);
                 int n = -1;
-                if (size <= HEADER || sscanf(data + HEADER, "c-message-%d", &n) != 1 ||
+                char text[64] = {0}; /* a frame's body is not NUL-terminated */
+                if (size > HEADER && size - HEADER < sizeof text)
+                    memcpy(text, data + HEADER, size - HEADER);
+                if (size <= HEADER || sscanf(text, "c-message-%d", &n) != 1 ||
                     n < 0 || n >= count) {
                     fprintf(stderr, "unexpected message of %zu bytes\n", size);
                     continue;

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+import zmq
 
 from actors.broker import Broker
 from tests.broker.conftest import broker_options
 from tests.broker.test_broker_actors import wait_for
+from transport.zmq import curve
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -44,3 +47,27 @@ def test_the_c_client_publishes_and_consumes_through_a_running_broker(tmp_path):
         wait_for(lambda: broker.topic_stats("c_topic")["channels"][0]["in_flight_count"] == 0,
                  what="the C client's FIN to land")
         assert broker.topic_stats("c_topic")["channels"][0]["depth"] == 0
+
+
+def test_the_c_client_speaks_curve_to_a_broker_that_lets_in_only_its_key(tmp_path):
+    binary = build(tmp_path)
+    public, secret = zmq.curve_keypair()
+    allowed = tmp_path / "allowed.txt"
+    allowed.write_text(public.decode() + "\n")
+    key_file = tmp_path / "server.key_secret"
+    server_public, _ = curve.load_or_create_keys(str(key_file))
+    options = broker_options(tmp_path / "data", zmq_curve_secret_key=str(key_file),
+                             zmq_curve_allow=str(allowed))
+    with Broker(options) as broker:
+        env = {**os.environ, "ZMQNSQ_CURVE_SERVERKEY": server_public.decode(),
+               "ZMQNSQ_CURVE_PUBLICKEY": public.decode(),
+               "ZMQNSQ_CURVE_SECRETKEY": secret.decode()}
+        out = subprocess.run([str(binary), broker.zmq_endpoint, "c_curve", "c_channel", "20"],
+                             capture_output=True, text=True, timeout=60, check=False, env=env)
+        assert out.returncode == 0, out.stderr
+        assert "received 20" in out.stdout
+        # without the keys the same client never gets an answer
+        out = subprocess.run([str(binary), broker.zmq_endpoint, "c_curve", "c_channel", "1"],
+                             capture_output=True, text=True, timeout=60, check=False)
+        assert out.returncode != 0
+        assert broker.topic_stats("c_curve")["message_count"] == 20
