@@ -30,11 +30,20 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
-__all__ = ["AuthError", "AuthState", "Authorization", "parse_state", "query_any"]
+__all__ = ["AuthError", "AuthServers", "AuthState", "Authorization", "ask", "parse_state",
+           "query_any"]
 
 PERMISSIONS = frozenset({"subscribe", "publish"})
 CONNECT_TIMEOUT = 2.0  # nsqd's --http-client-connect-timeout
 REQUEST_TIMEOUT = 5.0  # nsqd's --http-client-request-timeout
+
+
+@dataclass(frozen=True)
+class AuthServers:
+    """``--auth-http-address`` (one or more) and ``--auth-http-request-method``."""
+
+    addresses: tuple[str, ...]
+    method: str = "get"
 
 
 class AuthError(Exception):
@@ -122,3 +131,19 @@ async def query_any(session: Any, addresses: Sequence[str], method: str, *, remo
         except (AuthError, OSError, ValueError, TimeoutError, aiohttp.ClientError) as e:
             errors.append(f"failed to auth against {address} - {e}")
     raise AuthError("; ".join(errors))
+
+
+def ask(servers: AuthServers, *, remote_ip: str, tls: bool, secret: str, common_name: str,
+        clock: Callable[[], float]) -> AuthState:
+    """:func:`query_any` from a thread without an event loop (its own loop and session)."""
+    import asyncio  # noqa: PLC0415
+
+    import aiohttp  # noqa: PLC0415
+
+    async def run() -> AuthState:
+        async with aiohttp.ClientSession() as session:
+            return await query_any(session, servers.addresses, servers.method,
+                                   remote_ip=remote_ip, tls=tls, secret=secret,
+                                   common_name=common_name, clock=clock)
+
+    return asyncio.run(run())

@@ -134,11 +134,14 @@ class Producer:
     def __init__(self, endpoints: str | Sequence[str], *, timeout: float = 5.0,
                  max_attempts: int = 3, max_backoff: float = 5.0,
                  retry_for: float = 0.0, curve_server_key: bytes | str | None = None,
-                 curve_keypair: tuple[bytes, bytes] | None = None) -> None:
+                 curve_keypair: tuple[bytes, bytes] | None = None,
+                 auth_secret: bytes | str | None = None) -> None:
         eps = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not eps:
             raise ValueError("need at least one broker endpoint")
         self._curve = _curve(curve_server_key, curve_keypair)
+        self._auth_secret = auth_secret.encode() if isinstance(auth_secret, str) \
+            else auth_secret
         self._ctx: zmq.Context[Any] = zmq.Context()
         self._brokers = [_Broker(e) for e in eps]
         # round-robin from a random broker: many short-lived producers (Spark tasks)
@@ -224,10 +227,13 @@ class Producer:
         Each answered command is removed from `commands`, so after a timeout
         the caller retries only what no broker acknowledged.
         """
+        waiting: dict[bytes, Any] = {}
         if broker.sock is None:
             broker.sock = _socket(self._ctx, broker.endpoint, self._curve)
+            if self._auth_secret is not None:  # a new session: AUTH first (answered first)
+                waiting[b"#auth"] = None
+                send_frames(broker.sock, encode_request(pc.Auth(self._auth_secret), b"#auth"))
         sock = broker.sock
-        waiting: dict[bytes, Any] = {}
         for command in commands:
             corr = b"#%d" % next(self._corr)
             waiting[corr] = command
@@ -242,9 +248,15 @@ class Producer:
             corr = getattr(reply, "corr", None)
             if corr not in waiting:
                 continue  # a heartbeat, or the answer to a request that timed out earlier
-            commands.remove(waiting.pop(corr))
+            command = waiting.pop(corr)
+            if command is not None:
+                commands.remove(command)
             if isinstance(reply, ErrorReply):
                 refused = refused or BrokerRefused(reply.error.code, reply.error.text)
+                if reply.error.fatal and self._auth_secret is not None:
+                    # the broker ended the session: the next one must AUTH again
+                    self._reset(broker)
+                    raise refused
         if refused is not None:
             raise refused
 
@@ -370,6 +382,8 @@ class _Session:
         self.send(pc.Identify({"client_id": c.client_id, "heartbeat_interval": hb,
                                "msg_timeout": c.msg_timeout_ms,
                                "user_agent": "zmqnsq-python/0.1"}), b"#identify")
+        if c.auth_secret is not None:
+            self.send(pc.Auth(c.auth_secret), b"#auth")  # (the broker answers it before SUB)
         self.send(pc.Sub(c.topic, c.channel), b"#sub")
         self.send(pc.Rdy(self.rdy))
         last_heard = time.monotonic()
@@ -461,11 +475,14 @@ class Consumer:
                  connections_per_broker: int = 1,
                  max_rdy_per_connection: int = 2500,
                  curve_server_key: bytes | str | None = None,
-                 curve_keypair: tuple[bytes, bytes] | None = None) -> None:
+                 curve_keypair: tuple[bytes, bytes] | None = None,
+                 auth_secret: bytes | str | None = None) -> None:
         eps = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not eps and not lookupd_http_addresses:
             raise ValueError("need at least one broker endpoint or lookupd address")
         self.curve = _curve(curve_server_key, curve_keypair)
+        self.auth_secret = auth_secret.encode() if isinstance(auth_secret, str) \
+            else auth_secret
         self.topic, self.channel, self.handler = topic, channel, handler
         self.max_in_flight = max_in_flight
         self.heartbeat_interval_ms = heartbeat_interval_ms

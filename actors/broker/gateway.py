@@ -47,6 +47,7 @@ from actors.runtime.control import ControlClient
 from actors.runtime.placement import GATEWAY, Placement
 from actors.runtime.system import ActorSummary, ListActors
 from transport import tls
+from transport.auth import AuthServers
 from transport.mailbox.envelope import message
 from transport.nsq import codec as nsq_codec
 from transport.protocol import commands as pc
@@ -309,19 +310,13 @@ class TcpConnection(_SessionConnection):
             ProtocolError(error[0], error[1], fatal=error[2])))
 
 
-_AUTHORIZED_COMMANDS = (pc.Pub, pc.Mpub, pc.Dpub, pc.Sub)
-
-
 class ProtocolBridge:
     """Turns a session's commands into messages to its `client:<prefix><session>` actor."""
 
-    def __init__(self, prefix: str, connection: Any, *, refuse_unauthenticated: bool = False
-                 ) -> None:
+    def __init__(self, prefix: str, connection: Any) -> None:
         self.prefix = prefix
         self.connection = connection
         self.server: Any = None
-        # (ZeroMQ while --auth-http-address is set: AUTH is offered on NSQ TCP only)
-        self.refuse_unauthenticated = refuse_unauthenticated
 
     def actor_name(self, session: str) -> str:
         return f"client:{self.prefix}{session}"
@@ -330,12 +325,6 @@ class ProtocolBridge:
         name = self.actor_name(session)
         if connections.lookup(name) is None:
             connections.register(name, self.connection(self.server, session))
-        if self.refuse_unauthenticated and isinstance(command, _AUTHORIZED_COMMANDS):
-            connections.lookup(name).respond(corr, (
-                "E_AUTH_FIRST", f"AUTH required before {type(command).__name__.upper()} "
-                "(AUTH is offered on NSQ TCP only: ZeroMQ clients cannot publish or "
-                "subscribe while --auth-http-address is set)", False))
-            return
         msg = to_client_message(command, corr)
         if msg is not None:
             current_endpoint().tell(name, msg)
@@ -403,12 +392,15 @@ class SocketListener(Actor):
             from transport.zmq.server import ZmqServer  # noqa: PLC0415
 
             o = self.options
-            return ZmqServer(o.zmq_address, bridge, limits=limits, server=info,
+            return ZmqServer(o.zmq_address, bridge, limits=limits,
+                             server=replace(info, auth_required=bool(o.auth_http_address)),
+                             auth=AuthServers(o.auth_http_address, o.auth_http_request_method)
+                             if o.auth_http_address else None,
                              curve=curve.load_or_create_keys(o.zmq_curve_secret_key)
                              if o.zmq_curve_secret_key else None,
                              curve_allowed=curve.load_allowed(o.zmq_curve_allow)
                              if o.zmq_curve_allow else None)
-        from transport.nsq.server import AuthServers, TcpServer  # noqa: PLC0415
+        from transport.nsq.server import TcpServer  # noqa: PLC0415
 
         host, port = split_address(self.options.tcp_address)
         context = tls.context_for(self.options)
@@ -428,8 +420,7 @@ class SocketListener(Actor):
         life = secrets.token_hex(3)
         zmq = self.protocol == "zmq"
         bridge = ProtocolBridge(f"z{life}." if zmq else f"t{life}.",
-                                ZmqConnection if zmq else TcpConnection,
-                                refuse_unauthenticated=zmq and bool(self.options.auth_http_address))
+                                ZmqConnection if zmq else TcpConnection)
         try:
             self.server = self._make_server(bridge)
             bridge.server = self.server

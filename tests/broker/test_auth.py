@@ -2,6 +2,7 @@
 secret may do; the same answers as nsqd 1.3 (run beside ours), with pynsq, TTL expiry
 and revocation, TLS common names, and ZeroMQ clients refused while AUTH is on."""
 
+# ruff: noqa: S105, S106 - the secrets here are the test auth server's own
 from __future__ import annotations
 
 import http.client
@@ -18,7 +19,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from tests.broker.tls_kit import Client
-from transport.client import BrokerRefused, Producer
+from transport.client import BrokerRefused, Consumer, Producer
 from transport.nsq.client_codec import ErrorFrame, Response
 from transport.protocol import commands as pc
 
@@ -122,7 +123,7 @@ def test_auth_answers_and_permissions_are_nsqds(start, authd, kind):
         assert _error(c) == "E_INVALID AUTH already set"
     finally:
         c.close()
-    assert authd.asked[-1]["secret"] == "writer"  # noqa: S105 - the test's own secret
+    assert authd.asked[-1]["secret"] == "writer"
     assert authd.asked[-1]["remote_ip"] == "127.0.0.1"
     assert authd.asked[-1]["tls"] == "false"
 
@@ -221,11 +222,36 @@ def test_the_auth_server_hears_the_tls_client_certificates_common_name(start, au
     assert (authd.asked[-1]["tls"], authd.asked[-1]["common_name"]) == ("true", "reader-7")
 
 
-def test_zeromq_clients_are_refused_while_auth_is_on(start, authd):
+def test_zeromq_clients_authenticate_with_the_same_servers_and_rules(start, authd):
+    authd.grant("zmq", WRITER, {**READER, "channels": [".*"]})
     t = start("ours", "false", extra=(f"--auth-http-address={authd.address}",))
-    with Producer(t.zmq, timeout=5, max_attempts=1, retry_for=0) as p, \
-            pytest.raises(BrokerRefused, match="E_AUTH_FIRST"):
+    with Producer(t.zmq, timeout=5, max_attempts=1) as p, \
+            pytest.raises(BrokerRefused, match="E_AUTH_FIRST AUTH required before PUB"):
         p.publish("orders", b"x")
+    with Producer(t.zmq, timeout=5, max_attempts=1, auth_secret="stolen") as p, \
+            pytest.raises(BrokerRefused, match="E_AUTH_FAILED AUTH failed"):
+        p.publish("orders", b"x")
+    with Producer(t.zmq, timeout=5, max_attempts=1, auth_secret="zmq") as p:
+        p.publish("orders", b"one")
+        p.multi_publish("orders", [b"two", b"three"])
+        with pytest.raises(BrokerRefused, match='AUTH failed for PUB on "payments" ""'):
+            p.publish("payments", b"x")
+        p.publish("orders", b"four")  # a new session, authenticated again
+    assert authd.asked[-1]["secret"] == "zmq"
+    got: list[bytes] = []
+    done = threading.Event()
+
+    def handler(m) -> None:
+        got.append(m.body)
+        if len(got) == 4:
+            done.set()
+
+    c = Consumer("orders", "billing", handler, t.zmq, auth_secret=b"zmq").start()
+    try:
+        assert done.wait(20)
+    finally:
+        c.close()
+    assert sorted(got) == [b"four", b"one", b"three", b"two"]
 
 
 def test_the_real_pynsq_authenticates_with_its_auth_secret(start, authd):

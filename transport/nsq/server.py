@@ -44,10 +44,9 @@ import ssl
 import threading
 import zlib
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from transport.auth import AuthError, AuthState, query_any
+from transport.auth import AuthError, AuthServers, AuthState, query_any
 from transport.nsq.codec import (
     CLOSE_WAIT_FRAME,
     HEARTBEAT_FRAME,
@@ -577,14 +576,6 @@ class LoopServer:
 
     def sessions(self) -> int:
         return len(self.conns)
-
-
-@dataclass(frozen=True)
-class AuthServers:
-    """``--auth-http-address`` (one or more) and ``--auth-http-request-method``."""
-
-    addresses: tuple[str, ...]
-    method: str = "get"
 
 
 class TcpServer(LoopServer):

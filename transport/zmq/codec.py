@@ -47,6 +47,7 @@ from typing import Any, NamedTuple
 import msgpack
 
 from transport.protocol.commands import (
+    Auth,
     Cls,
     Command,
     Dpub,
@@ -161,6 +162,13 @@ def _identify(args: Sequence[bytes], limits: Limits, server: ServerInfo) -> Comm
     return Identify(data, settings, identify_reply(settings, limits, server))
 
 
+def _auth(args: Sequence[bytes], limits: Limits, _server: ServerInfo) -> Command:
+    if len(args) != 1:  # (nsqd's words for AUTH, not the other commands')
+        raise invalid("AUTH invalid number of parameters")
+    check_body_size(len(args[0]), "AUTH", limits)
+    return Auth(args[0])
+
+
 def _sub(args: Sequence[bytes], _limits: Limits, _server: ServerInfo) -> Command:
     _arity(args, "SUB", 2)
     return Sub(check_topic(args[0], "SUB"), check_channel(args[1], "SUB"))
@@ -236,6 +244,7 @@ _HANDLERS: dict[bytes, Callable[[Sequence[bytes], Limits, ServerInfo], Command]]
     b"SUB": _sub,
     b"CLS": _cls,
     b"IDENTIFY": _identify,
+    b"AUTH": _auth,
 }
 
 
@@ -336,6 +345,8 @@ def encode_request(command: Command, corr: bytes | None = None) -> list[bytes]:
             frames += [b"SUB", topic.encode(), channel.encode()]
         case Identify(data):
             frames += [b"IDENTIFY", msgpack.packb(dict(data))]
+        case Auth(secret):
+            frames += [b"AUTH", secret]
         case Cls():
             frames.append(b"CLS")
         case Nop():

@@ -36,12 +36,16 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
 import zmq
 
-from transport.protocol.commands import Cls, Handler, Identify, Nop
+from transport.auth import AuthError, AuthServers, AuthState
+from transport.auth import ask as auth_ask
+from transport.protocol.commands import Auth, Cls, Dpub, Handler, Identify, Mpub, Nop, Pub, Sub
 from transport.protocol.identify import IdentifySettings, ServerInfo
 from transport.protocol.validation import ConnectionState, Limits, ProtocolError
 from transport.zmq import curve as curve_keys
@@ -68,6 +72,9 @@ class _Session:
     last_beat: float
     settings: IdentifySettings | None = None
     extra: dict[str, object] = field(default_factory=dict)
+    auth_state: AuthState | None = None
+    secret: str = ""
+    waiting: list[Any] | None = None  # (corr, command)s held while the auth server is asked
 
 
 class ZmqServer:
@@ -77,7 +84,8 @@ class ZmqServer:
                  server: ServerInfo | None = None, max_frame: int | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  curve: curve_keys.KeyPair | None = None,
-                 curve_allowed: frozenset[bytes] | None = None) -> None:
+                 curve_allowed: frozenset[bytes] | None = None,
+                 auth: AuthServers | None = None) -> None:
         self.address = address
         self.handler = handler
         self.limits = limits
@@ -91,6 +99,12 @@ class ZmqServer:
         self._router.setsockopt(zmq.MAXMSGSIZE, self.max_frame)
         self._router.setsockopt(zmq.ROUTER_MANDATORY, 0)
         self._router.setsockopt(zmq.SNDHWM, 100_000)
+        # NSQ AUTH (transport/auth.py): the auth servers are asked on a small pool; the
+        # answers come back to the loop through _answers (and a wake-up)
+        self.auth = auth
+        self._encrypted = curve is not None
+        self._asking: ThreadPoolExecutor | None = None
+        self._answers: deque[tuple[bytes, str, bytes | None, bool, Any]] = deque()
         # CURVE (transport/zmq/curve.py): the ZAP handler checks keys in the handshake
         self._zap = None
         if curve is not None:
@@ -132,6 +146,8 @@ class ZmqServer:
             self._push.close(linger=0)
         if self._zap is not None:
             self._zap.stop()
+        if self._asking is not None:
+            self._asking.shutdown(wait=False, cancel_futures=True)
         self._ctx.destroy(linger=0)
 
     # ----------------------------------------------------------------- sending
@@ -176,6 +192,8 @@ class ZmqServer:
                         for _ in range(10_000):
                             pull.recv(zmq.NOBLOCK)  # wake-up tokens
                 self._outgoing()
+                if self._answers:
+                    self._auth_answers()
                 if router in events:
                     for _ in range(1000):
                         try:
@@ -228,6 +246,12 @@ class ZmqServer:
         s = self._session(rid)
         s.last_heard = self.clock()
         corr, command = parse_request(frames, self.limits, s.state, self.server)
+        if s.waiting is not None:  # the auth server is being asked: in order, after it
+            s.waiting.append((corr, command))
+            return
+        self._dispatch(rid, s, corr, command)
+
+    def _dispatch(self, rid: bytes, s: _Session, corr: bytes | None, command: Any) -> None:
         if isinstance(command, ProtocolError):
             self._router.send_multipart([rid, *encode_error(corr, command)])
             if command.fatal:
@@ -242,10 +266,106 @@ class ZmqServer:
                 self._router.send_multipart([rid, *encode_identify_reply(corr, command)])
             case Cls():
                 self._router.send_multipart([rid, *encode_ok(corr, b"CLOSE_WAIT")])
+            case Auth(secret=secret):
+                self._auth(rid, s, corr, secret)
+                return
+            case Pub(topic=topic) | Mpub(topic=topic) | Dpub(topic=topic) | Sub(topic=topic):
+                if self.auth is not None and not self._authorized(rid, s, corr, command,
+                                                                  topic):
+                    return
         try:
             self.handler.on_command(s.name, corr, command)
         except Exception:  # a broken handler must not take the listener down
             log.exception("zmq handler failed on %s from %s", type(command).__name__, s.name)
+
+    # ------------------------------------------------------------------- AUTH
+
+    def _fail(self, rid: bytes, corr: bytes | None, code: str, text: str) -> None:
+        self._router.send_multipart([rid, *encode_error(corr, ProtocolError(code, text,
+                                                                            fatal=True))])
+        self._close(rid, notify=True)
+
+    def _auth(self, rid: bytes, s: _Session, corr: bytes | None, secret: bytes) -> None:
+        if self.auth is None:
+            self._fail(rid, corr, "E_AUTH_DISABLED", "AUTH disabled")
+        elif s.auth_state is not None and s.auth_state.authorizations:
+            self._fail(rid, corr, "E_INVALID", "AUTH already set")
+        else:
+            s.secret = secret.decode("utf-8", "replace")
+            self._ask(rid, s, corr, None)
+
+    def _authorized(self, rid: bytes, s: _Session, corr: bytes | None, command: Any,
+                    topic: str) -> bool:
+        """As NSQ TCP's (transport/nsq/server.py): refused, asked again, or allowed."""
+        name = type(command).__name__.upper()
+        channel = command.channel if isinstance(command, Sub) else ""
+        state = s.auth_state
+        if state is None or not state.authorizations:
+            self._fail(rid, corr, "E_AUTH_FIRST", f"AUTH required before {name}")
+            return False
+        if state.expires <= self.clock():
+            self._ask(rid, s, corr, command)
+            return False
+        if not state.allows(topic, channel):
+            self._fail(rid, corr, "E_UNAUTHORIZED",
+                       f'AUTH failed for {name} on "{topic}" "{channel}"')
+            return False
+        return True
+
+    def _ask(self, rid: bytes, s: _Session, corr: bytes | None, then: Any) -> None:
+        """Ask the auth servers on the pool, holding the session's requests meanwhile;
+        `then` (a command whose TTL had passed) runs first after the answer, or (None)
+        the answer goes to AUTH."""
+        assert self.auth is not None
+        s.waiting = [] if then is None else [(corr, then)]
+        if self._asking is None:
+            self._asking = ThreadPoolExecutor(4, thread_name_prefix="zmq-auth")
+        name, servers, secret = s.name, self.auth, s.secret
+
+        def ask() -> None:
+            try:
+                result: Any = auth_ask(servers, remote_ip="", tls=self._encrypted,
+                                       secret=secret, common_name="", clock=self.clock)
+            except AuthError as e:
+                result = e
+            except Exception as e:  # (never lose the answer: the session waits for it)
+                log.exception("asking the auth servers failed")
+                result = AuthError(str(e))
+            self._answers.append((rid, name, corr, then is None, result))
+            self._wake()
+
+        self._asking.submit(ask)
+
+    def _auth_answers(self) -> None:
+        while self._answers:
+            rid, name, corr, answer_auth, result = self._answers.popleft()
+            s = self._sessions.get(rid)
+            if s is None or s.name != name:
+                continue  # the session went meanwhile
+            if isinstance(result, AuthError):
+                log.warning("zmq session %s: AUTH failed %s", name, result)
+                s.waiting = None
+                self._fail(rid, corr, "E_AUTH_FAILED", "AUTH failed")
+                continue
+            s.auth_state = result
+            if not result.authorizations:
+                s.waiting = None
+                self._fail(rid, corr, "E_UNAUTHORIZED", "AUTH no authorizations found")
+                continue
+            s.extra.update(auth_identity=result.identity,
+                           auth_identity_url=result.identity_url)
+            if answer_auth:
+                self._router.send_multipart([rid, *encode_ok(corr, msgpack.packb(
+                    {"identity": result.identity, "identity_url": result.identity_url,
+                     "permission_count": len(result.authorizations)}))])
+            waiting, s.waiting = s.waiting or [], None
+            for i, (c, command) in enumerate(waiting):
+                if self._sessions.get(rid) is not s:
+                    break
+                if s.waiting is not None:  # asked again (a TTL passed): the rest waits
+                    s.waiting.extend(waiting[i:])
+                    break
+                self._dispatch(rid, s, c, command)
 
     def _heartbeats(self, now: float) -> None:
         for rid, s in list(self._sessions.items()):

@@ -149,7 +149,8 @@ BAD_REQUESTS = [
     ("identify empty", [b"IDENTIFY", b""], "E_BAD_BODY", "IDENTIFY invalid body size 0"),
     ("identify no heartbeats", [b"IDENTIFY", msgpack.packb({"heartbeat_interval": -1})],
      "E_BAD_BODY", "IDENTIFY heartbeat interval (-1) is invalid"),
-    ("auth is not offered", [b"AUTH", b"secret"], "E_INVALID", "invalid command AUTH"),
+    ("auth without a secret", [b"AUTH"], "E_INVALID", "AUTH invalid number of parameters"),
+    ("auth empty", [b"AUTH", b""], "E_BAD_BODY", "AUTH invalid body size 0"),
 ]  # fmt: skip
 
 
