@@ -61,7 +61,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -188,6 +188,19 @@ class PublishCounters:
         return {f.name: getattr(self, f.name).value for f in dataclasses.fields(self)}
 
 
+_CLIENT_OPTIONS = frozenset({"auth_secret", "curve_server_key", "curve_keypair"})
+
+
+def _client_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``client_options`` checked on the driver: the brokers' AUTH secret
+    (``auth_secret``) and CURVE keys (``curve_server_key``, ``curve_keypair``)."""
+    unknown = set(options) - _CLIENT_OPTIONS
+    if unknown:
+        raise ValueError(f"unknown client option {sorted(unknown)[0]!r} (one of "
+                         f"{', '.join(sorted(_CLIENT_OPTIONS))})")
+    return dict(options)
+
+
 def _addresses(endpoints: str | Sequence[str], lookupds: Sequence[str] = ()
                ) -> tuple[str, ...]:
     """Endpoints as a tuple (from a list or a comma-separated string); at least one of
@@ -224,8 +237,11 @@ class PartitionPublisher:
     bad_rows_topic: str | None = None
     counters: PublishCounters | None = None
     epochs_path: str | None = None  # foreach_batch: where published epochs are marked
+    # the brokers' AUTH secret and CURVE keys (docs/SECURITY.md), passed to each Producer
+    client_options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "client_options", _client_options(self.client_options))
         object.__setattr__(self, "lookupd_http_addresses", tuple(self.lookupd_http_addresses))
         object.__setattr__(self, "endpoints",
                            _addresses(self.endpoints, self.lookupd_http_addresses))
@@ -250,7 +266,8 @@ class PartitionPublisher:
             if not endpoints:
                 raise PublishError("no broker: the lookup daemons list none")
         with Producer(endpoints, timeout=self.timeout, max_attempts=1,
-                      max_backoff=self.max_backoff, retry_for=self.retry_for) as producer:
+                      max_backoff=self.max_backoff, retry_for=self.retry_for,
+                      **self.client_options) as producer:
             bodies: list[bytes] = []
             for index, row in enumerate(rows):
                 try:
@@ -474,7 +491,8 @@ class TopicReader:
                  msg_timeout_ms: int = 120_000, metadata: bool = False,
                  lookupd_http_addresses: Sequence[str] = (),
                  lookupd_poll_interval: float = 60.0, dedupe_window: int = 0,
-                 staging_path: str | None = None) -> None:
+                 staging_path: str | None = None,
+                 client_options: Mapping[str, Any] | None = None) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be positive")
         # ids of messages committed lately, oldest first: a redelivery of one is left out
@@ -519,7 +537,8 @@ class TopicReader:
                                  auto_finish=False, connections_per_broker=per_broker,
                                  max_rdy_per_connection=rdy_per_connection,
                                  lookupd_http_addresses=lookupd_http_addresses,
-                                 lookupd_poll_interval=lookupd_poll_interval)
+                                 lookupd_poll_interval=lookupd_poll_interval,
+                                 **_client_options(client_options or {}))
         self._pending: Batch | None = None
         self._started = False
         self._verify: Callable[[Any], None] | None = None
@@ -1014,7 +1033,7 @@ def drain_to_parquet(spark: Any, topic: str, channel: str, endpoints: str | Sequ
                      msg_timeout_ms: int = 120_000, rdy_per_connection: int = 2500,
                      metadata: bool = False, lookupd_http_addresses: Sequence[str] = (),
                      lookupd_poll_interval: float = 60.0, dedupe_window: int = 1_000_000,
-                     ) -> DrainResult:
+                     client_options: Mapping[str, Any] | None = None) -> DrainResult:
     """Write ``topic``/``channel`` to Parquet at ``path`` (appending), one write per batch.
 
     Each batch is FINed only after its write has committed (and, on a local
@@ -1044,7 +1063,8 @@ def drain_to_parquet(spark: Any, topic: str, channel: str, endpoints: str | Sequ
                          lookupd_http_addresses=lookupd_http_addresses,
                          lookupd_poll_interval=lookupd_poll_interval,
                          dedupe_window=dedupe_window,
-                         staging_path=path.rstrip("/") + "/" + _STAGING)
+                         staging_path=path.rstrip("/") + "/" + _STAGING,
+                         client_options=client_options)
     reader._refused_after_write = True
     with reader:
         for batch in reader.batches():

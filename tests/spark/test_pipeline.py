@@ -476,3 +476,30 @@ def test_a_replayed_streaming_epoch_is_not_published_again(spark, broker, tmp_pa
         published[topic] = broker.stats(topic)["topics"][0]["message_count"]
     # Then Spark ran the epoch again, and only the sink without marks published it twice
     assert published == {"replay-marked": 200, "replay-unmarked": 300}
+
+
+def test_publish_and_drain_with_the_brokers_auth_secret(spark, tmp_path):
+    from tests.broker.test_auth import READER, WRITER, AuthServer
+
+    authd = AuthServer()
+    authd.grant("spark", WRITER, {**READER, "topic": "^orders", "channels": [".*"]})
+    broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log",
+                           extra_args=("--auth-http-address", authd.address))
+    broker.start()
+    try:
+        df = rows_df(spark, 500, partitions=2)
+        with pytest.raises(Exception, match="E_AUTH_FIRST"):
+            PartitionPublisher("orders_spark", broker.zmq_endpoint, retry_for=1).publish(df)
+        publisher = PartitionPublisher("orders_spark", broker.zmq_endpoint,
+                                       client_options={"auth_secret": "spark"})
+        publisher.publish(df)
+        result = drain_to_parquet(spark, "orders_spark", "archive", broker.zmq_endpoint,
+                                  str(tmp_path / "out"), schema=df.schema, max_rows=500,
+                                  idle_timeout=5, client_options={"auth_secret": "spark"})
+        assert result.rows == 500
+        assert spark.read.parquet(str(tmp_path / "out")).count() == 500
+        with pytest.raises(ValueError, match="unknown client option 'secret'"):
+            PartitionPublisher("t", broker.zmq_endpoint, client_options={"secret": "x"})
+    finally:
+        broker.stop()
+        authd.close()
