@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,7 +16,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from tests.broker.tls_kit import Client
+from tests.broker.tls_kit import Client, pynsq_roundtrip
 from transport.client import BrokerRefused, Consumer, Producer
 from transport.nsq.client_codec import ErrorFrame, Response
 from transport.protocol import commands as pc
@@ -258,26 +256,7 @@ def test_the_real_pynsq_authenticates_with_its_auth_secret(start, authd):
     pytest.importorskip("nsq")
     authd.grant("pynsq", WRITER, {**READER, "channels": [".*"]})
     t = start("ours", "false", extra=(f"--auth-http-address={authd.address}",))
-    script = f"""
-import sys, nsq, tornado.ioloop
-loop = tornado.ioloop.IOLoop.current()
-got, acks = [], []
-def handler(m):
-    got.append(m.body)
-    loop.stop()
-    return True
-r = nsq.Reader(topic="orders", channel="c", message_handler=handler,
-               nsqd_tcp_addresses=[{t.tcp!r}], auth_secret=b"pynsq", max_in_flight=10)
-w = nsq.Writer([{t.tcp!r}], auth_secret=b"pynsq")
-loop.call_later(1.0, lambda: w.pub("orders", b"hi", callback=lambda c, d: acks.append(d)))
-loop.call_later(30.0, loop.stop)
-loop.start()
-print(got, acks)
-sys.exit(0 if got == [b"hi"] and acks == [b"OK"] else 1)
-"""
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=60, check=False)
-    assert done.returncode == 0, (done.stdout, done.stderr[-3000:])
+    pynsq_roundtrip(t.tcp, "orders", 'auth_secret=b"pynsq"', [b"hi"])
 
 
 def _post(port: int, path: str, secret: str | None = None, *, ctx: Any = None

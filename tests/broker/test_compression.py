@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 import zlib
 
 import pytest
 import snappy
 
-from tests.broker.tls_kit import Client, https
+from tests.broker.tls_kit import Client, https, pynsq_roundtrip
 from transport.nsq.client_codec import ErrorFrame, Response
 from transport.protocol import commands as pc
 
@@ -156,29 +154,7 @@ def test_a_deflate_bomb_is_refused_by_the_line_limit_not_inflated_whole(start):
 def test_the_real_pynsq_publishes_and_reads_compressed(start, how):
     pytest.importorskip("nsq")
     t = start("ours", "false")
-    script = f"""
-import sys, nsq, tornado.ioloop
-loop = tornado.ioloop.IOLoop.current()
-got, acks = [], []
-def handler(m):
-    got.append(m.body)
-    if len(got) == 2:
-        loop.stop()
-    return True
-r = nsq.Reader(topic="pynsq_{how}", channel="c", message_handler=handler,
-               nsqd_tcp_addresses=[{t.tcp!r}], {how}=True, max_in_flight=10)
-w = nsq.Writer([{t.tcp!r}], {how}=True)
-def pub():
-    w.mpub("pynsq_{how}", [b"a" * 3000, b"b"], callback=lambda conn, data: acks.append(data))
-loop.call_later(1.0, pub)
-loop.call_later(30.0, loop.stop)
-loop.start()
-print(sorted(got)[-1], acks)
-sys.exit(0 if sorted(got) == [b"a" * 3000, b"b"] and acks and acks[0] == b"OK" else 1)
-"""
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=60, check=False)
-    assert done.returncode == 0, (done.stdout, done.stderr[-3000:])
+    pynsq_roundtrip(t.tcp, f"pynsq_{how}", f"{how}=True", [b"a" * 3000, b"b"])
 
 
 @pytest.mark.parametrize("how", ["deflate", "snappy"])

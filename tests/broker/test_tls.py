@@ -14,8 +14,6 @@ import re
 import socket
 import ssl
 import stat
-import subprocess
-import sys
 import time
 
 import pytest
@@ -23,7 +21,7 @@ import pytest
 from actors.broker import Broker
 from actors.broker.options import OptionsError, parse_options, run_dir_for
 from tests.broker.conftest import broker_options
-from tests.broker.tls_kit import Client, https, tls_flags
+from tests.broker.tls_kit import Client, https, pynsq_roundtrip, tls_flags
 from transport.nsq import server as nsq_server
 from transport.nsq.client_codec import ErrorFrame, Response
 from transport.protocol import commands as pc
@@ -112,32 +110,9 @@ def test_stats_show_the_tls_connection_and_the_real_pynsq_works_over_tls(start, 
         assert client["tls_cipher_suite"]
     finally:
         sub.close()
-    # pynsq (tornado) in a fresh interpreter: its loop and clients are per-process
-    script = f"""
-import sys, nsq, ssl, tornado.ioloop
-loop = tornado.ioloop.IOLoop.current()
-got, acks = [], []
-def handler(m):
-    got.append(m.body)
-    if len(got) == 2:
-        loop.stop()
-    return True
-opts = {{"cert_reqs": ssl.CERT_REQUIRED, "ca_certs": {pki.ca_file!r}}}
-r = nsq.Reader(topic="pynsq_tls", channel="c2", message_handler=handler,
-               nsqd_tcp_addresses=[{t.tcp!r}], tls_v1=True, tls_options=opts,
-               max_in_flight=10)
-w = nsq.Writer([{t.tcp!r}], tls_v1=True, tls_options=opts)
-def pub():
-    w.mpub("pynsq_tls", [b"a", b"b"], callback=lambda conn, data: acks.append(data))
-loop.call_later(1.0, pub)
-loop.call_later(30.0, loop.stop)
-loop.start()
-print(sorted(got), acks)
-sys.exit(0 if sorted(got) == [b"a", b"b"] and acks and acks[0] == b"OK" else 1)
-"""
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=60, check=False)
-    assert done.returncode == 0, (done.stdout, done.stderr[-3000:])
+    opts = ('tls_v1=True, tls_options={"cert_reqs": ssl.CERT_REQUIRED, '
+            f'"ca_certs": {pki.ca_file!r}}}')
+    pynsq_roundtrip(t.tcp, "pynsq_tls", opts, [b"a", b"b"])
 
 
 @pytest.mark.parametrize("kind", ["ours", "nsqd"])

@@ -10,6 +10,7 @@ import socket
 import ssl
 import struct
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -191,3 +192,34 @@ def starter(pki: Pki, tmp_path, stops: list) -> Callable[..., Target]:
         return Target("nsqd", f"127.0.0.1:{tcp}", http_port, https_port)
 
     return _start
+
+
+_PYNSQ = """
+import sys, ssl, nsq, tornado.ioloop
+loop = tornado.ioloop.IOLoop.current()
+expected, got, acks = {bodies!r}, [], []
+def handler(m):
+    got.append(m.body)
+    if len(got) == len(expected):
+        loop.stop()
+    return True
+r = nsq.Reader(topic={topic!r}, channel="c", message_handler=handler,
+               nsqd_tcp_addresses=[{address!r}], max_in_flight=10, {options})
+w = nsq.Writer([{address!r}], {options})
+loop.call_later(1.0, lambda: w.mpub({topic!r}, expected,
+                                    callback=lambda conn, data: acks.append(data)))
+loop.call_later(30.0, loop.stop)
+loop.start()
+print(sorted(got), acks)
+sys.exit(0 if sorted(got) == sorted(expected) and acks[:1] == [b"OK"] else 1)
+"""
+
+
+def pynsq_roundtrip(address: str, topic: str, options: str, bodies: list[bytes]) -> None:
+    """pynsq's Writer publishes `bodies` and its Reader reads them back, both made with
+    `options` (Python keyword arguments, e.g. ``"snappy=True"``), in a fresh interpreter
+    (tornado's loop and pynsq's clients are per-process)."""
+    script = _PYNSQ.format(bodies=bodies, topic=topic, address=address, options=options)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, (done.stdout, done.stderr[-3000:])
