@@ -12,8 +12,8 @@ Bytes in are fed to the codec; each event is handled on the loop (the FINs
 of one read are merged into one, so a consumer acking a batch costs the
 broker one message, not one per id): the loop
 answers what needs no broker (IDENTIFY's negotiation, CLS's ``CLOSE_WAIT``,
-NOP, protocol errors, AUTH -- answered as nsqd answers with auth disabled)
-and hands every command to the *handler* (the broker's bridge).  SUB's
+NOP, protocol errors, AUTH) and hands every other command to the *handler*
+(the broker's bridge).  SUB's
 ``OK`` is the handler's: it comes once the channel exists at its topic, so
 a message published after the OK reaches it (as with nsqd).  Other threads
 (client actors) write through :meth:`TcpServer.send`, which hops onto the
@@ -26,7 +26,15 @@ TLS.  Bytes that came after the IDENTIFY in clear are dropped, as nsqd drops
 them; writes from other threads wait for the handshake; a handshake that fails
 or stalls for :data:`HANDSHAKE_TIMEOUT` closes the connection.  With
 ``tls_required`` every command but IDENTIFY is refused until then
-(``E_INVALID cannot PUB in current state (TLS required)``, fatal).
+(``E_INVALID cannot PUB in current state (TLS required)``, fatal).  Snappy or
+deflate, when IDENTIFY negotiated one, wraps the stream after that (inside TLS),
+answering ``OK`` in the compressed stream.
+
+AUTH (with :class:`~transport.auth.AuthServers`) asks the auth servers on this
+loop (aiohttp), holding the connection's later commands until the answer;
+PUB, MPUB, DPUB and SUB are then checked against the authorizations, and a
+command after the answer's TTL asks again first (transport/auth.py).  Without
+auth servers, AUTH is nsqd's ``E_AUTH_DISABLED``.
 
 Heartbeats follow nsqd: every negotiated ``heartbeat_interval`` the server
 sends ``_heartbeat_``, and a connection that sends nothing for two intervals
