@@ -24,7 +24,7 @@ import ssl
 from typing import Any
 
 __all__ = ["CLIENT_AUTH_POLICIES", "MIN_VERSIONS", "REQUIRED", "check", "context_for",
-           "peer_details", "server_context"]
+           "peer_details", "required_mode", "server_context"]
 
 MIN_VERSIONS = {
     "tls1.0": ssl.TLSVersion.TLSv1,
@@ -33,10 +33,15 @@ MIN_VERSIONS = {
     "tls1.3": ssl.TLSVersion.TLSv1_3,
 }
 CLIENT_AUTH_POLICIES = ("", "require", "require-verify")
-REQUIRED = {"false": "false", "0": "false", "true": "true", "1": "true",
-            "tcp-https": "tcp-https"}
-"""``--tls-required``'s spellings (Go's ``strconv.ParseBool`` forms nsqd takes, and
-``tcp-https``: TLS for NSQ TCP, plain HTTP still served) to their meaning."""
+REQUIRED = {"false": "false", "f": "false", "0": "false", "true": "true", "t": "true",
+            "1": "true", "tcp-https": "tcp-https"}
+"""``--tls-required``'s spellings, lower-cased (Go's ``strconv.ParseBool`` forms nsqd
+takes, and ``tcp-https``: TLS for NSQ TCP, plain HTTP still served), to their meaning."""
+
+
+def required_mode(value: str) -> str | None:
+    """``false``, ``true`` or ``tcp-https`` for a ``--tls-required`` value (None: bad)."""
+    return REQUIRED.get(value.strip().lower())
 
 
 def check(cert: str, key: str, *, root_ca: str, policy: str, min_version: str,
@@ -50,9 +55,10 @@ def check(cert: str, key: str, *, root_ca: str, policy: str, min_version: str,
     if min_version not in MIN_VERSIONS:
         return (f"--tls-min-version must be one of {', '.join(MIN_VERSIONS)}, "
                 f"got {min_version!r}")
-    if required not in REQUIRED:
+    mode = required_mode(required)
+    if mode is None:
         return f"--tls-required must be true, false or tcp-https, got {required!r}"
-    if not cert and (policy or REQUIRED[required] != "false"):
+    if not cert and (policy or mode != "false"):
         return "cannot require TLS client connections without --tls-cert and --tls-key"
     if policy == "require" and not root_ca:
         return ("--tls-client-auth-policy=require needs --tls-root-ca-file here: Python's "

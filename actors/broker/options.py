@@ -193,7 +193,7 @@ class BrokerOptions:
     def tls_mode(self) -> str:
         """``false``, ``true`` or ``tcp-https``: nsqd's rule, a client-certificate policy
         turns ``false`` into ``true``."""
-        mode = tls.REQUIRED.get(self.tls_required, "false")
+        mode = tls.required_mode(self.tls_required) or "false"
         return "true" if mode == "false" and self.tls_client_auth_policy else mode
 
     def dead_letter_topic_for(self, topic: str) -> str:
