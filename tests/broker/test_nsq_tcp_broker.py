@@ -11,8 +11,7 @@ import pytest
 from actors.broker import Broker
 from tests.broker.conftest import broker_options
 from tests.broker.test_broker_actors import wait_for
-from transport.nsq.client_codec import ClientConnection
-from transport.nsq.codec import CLOSED, NEED_DATA
+from tests.broker.tls_kit import Client
 from transport.protocol import commands as pc
 
 pytestmark = pytest.mark.timeout(90)
@@ -26,32 +25,9 @@ def broker(tmp_path_factory) -> Iterator[Broker]:
     b.stop()
 
 
-class Conn:
+def Conn(broker: Broker) -> Client:
     """A blocking NSQ V2 client built on our sans-IO client codec."""
-
-    def __init__(self, broker: Broker) -> None:
-        host, port = broker.tcp_address.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=10)
-        self.codec = ClientConnection()
-
-    def send(self, command: pc.Command) -> None:
-        self.sock.sendall(self.codec.send(command))
-
-    def frames(self, n: int = 1) -> list:
-        out: list = []
-        while len(out) < n:
-            event = self.codec.next_event()
-            if event is CLOSED:
-                break
-            if event is NEED_DATA:
-                self.codec.receive_data(self.sock.recv(65536))
-                continue
-            if not isinstance(event, pc.Heartbeat):
-                out.append(event)
-        return out
-
-    def close(self) -> None:
-        self.sock.close()
+    return Client(broker.tcp_address)
 
 
 def test_pub_sub_fin_over_nsq_tcp(broker):
