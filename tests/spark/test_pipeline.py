@@ -285,8 +285,12 @@ def test_a_cluster_found_through_a_lookup_daemon_takes_and_gives_back_every_row(
             depths = [b.stats("cluster")["topics"][0]["message_count"] for b in brokers]
             assert sum(depths) == 4000
             assert min(depths) > 0, depths
+            # (it stops at the 4,000th row; the idle timeout and a short message timeout
+            # are only there for a failure: with idle_timeout=3 a loaded CI machine once
+            # ended the drain 400 rows short)
             result = drain_to_parquet(spark, "cluster", "parquet", (), str(tmp_path / "out"),
-                                      schema=SCHEMA, idle_timeout=3,
+                                      schema=SCHEMA, max_rows=4000, idle_timeout=30,
+                                      msg_timeout_ms=10_000,
                                       lookupd_http_addresses=lookupds)
             assert sorted(read_ids(spark, tmp_path / "out")) == list(range(4000))
             assert result.rows == 4000
