@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
-__all__ = ["AuthError", "AuthServers", "AuthState", "Authorization", "ask", "parse_state",
-           "query_any"]
+__all__ = ["ASK_AGAIN", "AuthError", "AuthServers", "AuthState", "Authorization", "answer",
+           "ask", "judge", "parse_state", "query_any"]
 
 PERMISSIONS = frozenset({"subscribe", "publish"})
 CONNECT_TIMEOUT = 2.0  # nsqd's --http-client-connect-timeout
@@ -74,6 +74,33 @@ class AuthState:
 
     def allows(self, topic: str, channel: str) -> bool:
         return any(a.allows(topic, channel) for a in self.authorizations)
+
+
+ASK_AGAIN = "ask again"
+""":func:`judge`'s verdict when the answer's TTL has passed."""
+
+
+def judge(state: AuthState | None, command: str, topic: str, channel: str, now: float
+          ) -> tuple[str, str] | str | None:
+    """What a connection with `state` may do about `command` (PUB, MPUB, DPUB: `channel`
+    ""; SUB): None if allowed, :data:`ASK_AGAIN` if the TTL has passed, else nsqd's
+    fatal ``(code, text)`` -- the one rule set of both protocols."""
+    if state is None or not state.authorizations:
+        return "E_AUTH_FIRST", f"AUTH required before {command}"
+    if state.expires <= now:
+        return ASK_AGAIN
+    if not state.allows(topic, channel):
+        return "E_UNAUTHORIZED", f'AUTH failed for {command} on "{topic}" "{channel}"'
+    return None
+
+
+def answer(state: AuthState) -> dict[str, Any] | tuple[str, str]:
+    """AUTH's answer once the servers replied: nsqd's map, or its fatal refusal when
+    the secret may do nothing."""
+    if not state.authorizations:
+        return "E_UNAUTHORIZED", "AUTH no authorizations found"
+    return {"identity": state.identity, "identity_url": state.identity_url,
+            "permission_count": len(state.authorizations)}
 
 
 def parse_state(data: Any, now: float) -> AuthState:

@@ -54,7 +54,7 @@ import zlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from transport.auth import AuthError, AuthServers, AuthState, query_any
+from transport.auth import ASK_AGAIN, AuthError, AuthServers, AuthState, answer, judge, query_any
 from transport.nsq.codec import (
     CLOSE_WAIT_FRAME,
     HEARTBEAT_FRAME,
@@ -83,8 +83,6 @@ from transport.tls import peer_details
 log = logging.getLogger(__name__)
 
 _sessions = itertools.count(1)
-
-_COMMAND_NAMES = {Pub: "PUB", Mpub: "MPUB", Dpub: "DPUB", Sub: "SUB"}
 
 HANDSHAKE_TIMEOUT = 5.0
 """Seconds a TLS handshake may take (nsqd's deadline for it)."""
@@ -253,19 +251,14 @@ class _Conn(BaseConn):
     def _authorized(self, event: Any, topic: str) -> bool:
         """Whether `event` may run now (else it was refused, or waits for the auth server
         to be asked again: its TTL has passed)."""
-        name = _COMMAND_NAMES[type(event)]
-        channel = event.channel if isinstance(event, Sub) else ""
-        state = self.auth_state
-        if state is None or not state.authorizations:
-            self._fail("E_AUTH_FIRST", f"AUTH required before {name}")
-            return False
-        if state.expires <= self.server.loop.time():
+        verdict = judge(self.auth_state, type(event).__name__.upper(), topic,
+                        event.channel if isinstance(event, Sub) else "",
+                        self.server.loop.time())
+        if verdict == ASK_AGAIN:
             self._ask_auth_server(event)
-            return False
-        if not state.allows(topic, channel):
-            self._fail("E_UNAUTHORIZED", f'AUTH failed for {name} on "{topic}" "{channel}"')
-            return False
-        return True
+        elif verdict is not None:
+            self._fail(*verdict)
+        return verdict is None
 
     def _ask_auth_server(self, then: Any) -> None:
         """Ask the auth server (AUTH's secret), holding every event until it answers;
@@ -290,17 +283,15 @@ class _Conn(BaseConn):
         if self.closed:
             return
         self.auth_state = state
-        if not state.authorizations:
+        reply = answer(state)
+        if isinstance(reply, tuple):
             self.waiting = None
-            self._fail("E_UNAUTHORIZED", "AUTH no authorizations found")
+            self._fail(*reply)
             return
         self.details.update(auth_identity=state.identity,
                             auth_identity_url=state.identity_url)
         if answer_auth:
-            self.write(encode_response(json.dumps(
-                {"identity": state.identity, "identity_url": state.identity_url,
-                 "permission_count": len(state.authorizations)},
-                separators=(",", ":")).encode()))
+            self.write(encode_response(json.dumps(reply, separators=(",", ":")).encode()))
         waiting, self.waiting = self.waiting or [], None
         self._run(waiting)
 

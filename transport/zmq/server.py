@@ -43,7 +43,7 @@ from typing import Any
 import msgpack
 import zmq
 
-from transport.auth import AuthError, AuthServers, AuthState
+from transport.auth import ASK_AGAIN, AuthError, AuthServers, AuthState, answer, judge
 from transport.auth import ask as auth_ask
 from transport.protocol.commands import Auth, Cls, Dpub, Handler, Identify, Mpub, Nop, Pub, Sub
 from transport.protocol.identify import IdentifySettings, ServerInfo
@@ -297,20 +297,13 @@ class ZmqServer:
     def _authorized(self, rid: bytes, s: _Session, corr: bytes | None, command: Any,
                     topic: str) -> bool:
         """As NSQ TCP's (transport/nsq/server.py): refused, asked again, or allowed."""
-        name = type(command).__name__.upper()
-        channel = command.channel if isinstance(command, Sub) else ""
-        state = s.auth_state
-        if state is None or not state.authorizations:
-            self._fail(rid, corr, "E_AUTH_FIRST", f"AUTH required before {name}")
-            return False
-        if state.expires <= self.clock():
+        verdict = judge(s.auth_state, type(command).__name__.upper(), topic,
+                        command.channel if isinstance(command, Sub) else "", self.clock())
+        if verdict == ASK_AGAIN:
             self._ask(rid, s, corr, command)
-            return False
-        if not state.allows(topic, channel):
-            self._fail(rid, corr, "E_UNAUTHORIZED",
-                       f'AUTH failed for {name} on "{topic}" "{channel}"')
-            return False
-        return True
+        elif verdict is not None:
+            self._fail(rid, corr, *verdict)
+        return verdict is None
 
     def _ask(self, rid: bytes, s: _Session, corr: bytes | None, then: Any) -> None:
         """Ask the auth servers on the pool, holding the session's requests meanwhile;
@@ -348,16 +341,15 @@ class ZmqServer:
                 self._fail(rid, corr, "E_AUTH_FAILED", "AUTH failed")
                 continue
             s.auth_state = result
-            if not result.authorizations:
+            reply = answer(result)
+            if isinstance(reply, tuple):
                 s.waiting = None
-                self._fail(rid, corr, "E_UNAUTHORIZED", "AUTH no authorizations found")
+                self._fail(rid, corr, *reply)
                 continue
             s.extra.update(auth_identity=result.identity,
                            auth_identity_url=result.identity_url)
             if answer_auth:
-                self._router.send_multipart([rid, *encode_ok(corr, msgpack.packb(
-                    {"identity": result.identity, "identity_url": result.identity_url,
-                     "permission_count": len(result.authorizations)}))])
+                self._router.send_multipart([rid, *encode_ok(corr, msgpack.packb(reply))])
             waiting, s.waiting = s.waiting or [], None
             for i, (c, command) in enumerate(waiting):
                 if self._sessions.get(rid) is not s:
