@@ -39,6 +39,7 @@ from actors.broker.errors import (
     invalid,
 )
 from actors.broker.messages import (
+    GATHER_MAX,
     ClientError,
     Deliver,
     Fin,
@@ -181,6 +182,9 @@ class ClientActor(Actor):
         self.pub_done: dict[int, Any] = {}
         self.pub_topics: dict[int, tuple[str, int]] = {}  # seq -> (topic, messages)
         self.pub_counts: dict[str, int] = {}  # topic -> messages published (answered OK)
+        # publishes of this run, per topic: told as one envelope each at its end
+        self.publishing: dict[str, list[Publish]] = {}
+        self.publishing_bodies = 0  # (sent without waiting for the run's end at GATHER_MAX)
 
     def on_start(self) -> None:
         if not self.restart_count:
@@ -198,9 +202,24 @@ class ClientActor(Actor):
                                 "actor restarted); reconnect"))  # fatal: closes
 
     def on_stop(self) -> None:
+        self._send_publishes()
         self._leave()
 
+    def on_batch_end(self) -> None:
+        self._send_publishes()
+
+    def _send_publishes(self) -> None:
+        """Tell each topic this run's publishes to it in one envelope (the topic gathers
+        them with other clients' into one fan-out)."""
+        if self.publishing:
+            publishing, self.publishing = self.publishing, {}
+            self.publishing_bodies = 0
+            for topic, publishes in publishing.items():
+                self.tell_many(topic, publishes)
+
     def on_receive(self, msg: Any) -> Any:
+        if type(msg) is not ClientPub:
+            self._send_publishes()  # a command after publishes reaches its actor after them
         match msg:
             case Deliver(channel=channel, messages=messages):
                 conn = connections.lookup(self.name)
@@ -297,8 +316,11 @@ class ClientActor(Actor):
                 self.pubs.append((self.pub_seq, corr, self.clock()))
                 self.pub_topics[self.pub_seq] = (topic, len(bodies))
                 self._expire_publishes()
-                self.tell(f"topic:{topic}", Publish(list(bodies), defer_ms, self.name,
-                                                    self.pub_seq))
+                self.publishing.setdefault(f"topic:{topic}", []).append(
+                    Publish(list(bodies), defer_ms, self.name, self.pub_seq))
+                self.publishing_bodies += len(bodies)
+                if self.publishing_bodies >= GATHER_MAX:
+                    self._send_publishes()
             case ClientGone():
                 self._leave()
                 self.closed = True

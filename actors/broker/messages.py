@@ -163,6 +163,12 @@ class Publish:
     corr: int = 0
 
 
+GATHER_MAX = 1024
+"""Messages a client actor (per run) or a topic (per fan-out) gathers from several
+publishes before it sends them on without waiting for its run to end: bursts of
+single PUBs are joined, and a run of MPUBs stays in batches of this order."""
+
+
 @no_spawn
 @message
 @dataclass(frozen=True)

@@ -10,6 +10,13 @@ encoded once.  Then:
   rest in the topic's disk queue (``diskqueue:<topic>``); an ``#ephemeral``
   topic drops (and counts) what does not fit in memory.
 
+Publishes are gathered: the PUBs and MPUBs a topic takes in one run of its
+inbox (from any number of clients) are checked one by one as they come, then
+encoded and routed together when the run ends (``on_batch_end``) or before
+any other message, so a burst of single-message PUBs costs one fan-out, and
+with ``--mem-queue-size=0`` one disk write and one fsync per channel (group
+commit); each is answered when that write is confirmed.
+
 When a channel appears or the topic is unpaused, what was kept is drained to
 the channels: memory first, then the disk queue in batches, each batch acked
 on the topic's queue once it has been handed to every channel.
@@ -29,7 +36,8 @@ import logging
 import os
 import time
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from actors.broker.diskqueue import (
@@ -56,6 +64,7 @@ from actors.broker.errors import (
 )
 from actors.broker.lookup import ChannelsOf, announce, lookup_names
 from actors.broker.messages import (
+    GATHER_MAX,
     ChannelCommand,
     ChannelGone,
     ChannelPut,
@@ -100,13 +109,21 @@ def topics_on_disk(data_path: str) -> list[str]:
 
 
 @dataclass
+class _Publisher:
+    """Who waits for a publish's answer: a client actor told `PublishDone(corr)`, or
+    an asker (the HTTP API) through its deferred reply handle."""
+
+    reply_to: str
+    corr: int
+    handle: Any = None
+
+
+@dataclass
 class _Waiting:
-    """A publish (or a drained batch) waiting for its writes to be confirmed."""
+    """Publishes (or a drained batch) waiting for their writes to be confirmed."""
 
     outstanding: int
-    reply_to: str = ""
-    corr: int = 0
-    handle: Any = None  # a deferred ask's reply handle
+    publishers: list[_Publisher] = field(default_factory=list)
     drained: list[int] | None = None  # positions to ack on the topic's own queue
     error: tuple[str, str, bool] | None = None
 
@@ -133,6 +150,11 @@ class TopicActor(Actor):
         self.durable_ack = options.mem_queue_size == 0 and not self.ephemeral
         self._tokens = itertools.count(1)
         self.waiting: dict[int, _Waiting] = {}
+        # Publishes accepted during this run, fanned out together at its end
+        # (on_batch_end): one encode, one ChannelPut per channel and, when durable,
+        # one disk write and fsync for all of them (group commit across clients).
+        self.gathered: list[bytes] = []
+        self.gathered_by: list[_Publisher] = []
         self.deleted = False
         self._reset()
 
@@ -176,6 +198,7 @@ class TopicActor(Actor):
         self._drain()
 
     def on_stop(self) -> None:
+        self._publish_gathered()
         if self.ephemeral:
             return
         if self.memory:
@@ -222,7 +245,11 @@ class TopicActor(Actor):
     # ----------------------------------------------------------------- messages
 
     def on_receive(self, msg: Any) -> Any:
-        reply = self._on_receive(msg)
+        if type(msg) is Publish and not msg.defer_ms:
+            reply = self._gather(msg)
+        else:
+            self._publish_gathered()  # what came before this message is routed first
+            reply = self._on_receive(msg)
         if not self.exists and (not self.ephemeral or self.deleted) and not self.waiting:
             # Only a name (a bad one, asked about, deleted): nothing to keep.  Unless a
             # message is already waiting, which may create the topic (then it stays).
@@ -232,16 +259,17 @@ class TopicActor(Actor):
     def _on_receive(self, msg: Any) -> Any:
         match msg:
             case Publish(bodies=bodies, defer_ms=defer_ms, reply_to=reply_to, corr=corr):
+                # a DPUB (a PUB or MPUB is gathered: on_receive, _gather)
                 token = next(self._tokens) if self.durable_ack else 0
                 expected = 0
                 try:
+                    self._check(bodies, defer_ms)
                     expected = self._publish(list(bodies), defer_ms, token)
                     result = None
                 except BrokerError as e:
                     result = e.to_wire()
                 if expected:  # answered by _stored() when every write is confirmed
-                    self.waiting[token] = _Waiting(
-                        expected, reply_to, corr, None if reply_to else self.defer_reply())
+                    self.waiting[token] = _Waiting(expected, [self._publisher(reply_to, corr)])
                     return None
                 if not reply_to:
                     return result
@@ -319,8 +347,62 @@ class TopicActor(Actor):
 
     # ------------------------------------------------------------------ publish
 
-    def _publish(self, bodies: list[bytes], defer_ms: int, token: int = 0) -> int:
-        """Validate, encode and hand on a publish; returns how many confirmations to await."""
+    def on_batch_end(self) -> None:
+        self._publish_gathered()
+
+    def _publisher(self, reply_to: str, corr: int) -> _Publisher:
+        """The publish being handled: answered by telling `reply_to`, or, asked, later
+        through its reply handle."""
+        return _Publisher(reply_to, corr, None if reply_to else self.defer_reply())
+
+    def _gather(self, msg: Publish) -> Any:
+        """A PUB or MPUB: checked now (a refusal is answered at once), kept for the
+        run's fan-out."""
+        try:
+            self._check(msg.bodies, 0)
+        except BrokerError as e:
+            if not msg.reply_to:
+                return e.to_wire()  # the asker's reply
+            self.tell(msg.reply_to, PublishDone(msg.corr, e.to_wire()))
+            return None
+        self.gathered.extend(msg.bodies)
+        self.gathered_by.append(self._publisher(msg.reply_to, msg.corr))
+        if len(self.gathered) >= GATHER_MAX:
+            self._publish_gathered()
+        return None
+
+    def _publish_gathered(self) -> None:
+        """Encode and route the publishes gathered in this run as one, and answer them
+        (now, or when durable once their one write is confirmed everywhere)."""
+        if not self.gathered_by:
+            return
+        bodies, publishers = self.gathered, self.gathered_by
+        self.gathered, self.gathered_by = [], []
+        token = next(self._tokens) if self.durable_ack else 0
+        error = None
+        expected = 0
+        try:
+            expected = self._publish(bodies, 0, token)
+        except BrokerError as e:  # (checked when gathered: not expected)
+            error = e.to_wire()
+        if expected:  # answered by _stored() when every write is confirmed
+            self.waiting[token] = _Waiting(expected, publishers)
+        else:
+            self._answer(publishers, error)
+
+    def _answer(self, publishers: list[_Publisher], error: tuple[str, str, bool] | None) -> None:
+        """PublishDone to each client actor (one envelope per client), or the asker's reply."""
+        by_client: dict[str, list[PublishDone]] = {}
+        for p in publishers:
+            if p.reply_to:
+                by_client.setdefault(p.reply_to, []).append(PublishDone(p.corr, error))
+            elif p.handle is not None:
+                p.handle.set(error)
+        for client, dones in by_client.items():
+            self.tell_many(client, dones)
+
+    def _check(self, bodies: Sequence[bytes], defer_ms: int) -> None:
+        """Refuse a publish nsqd would refuse, with its error; creates the topic."""
         o = self.options
         verb = "DPUB" if defer_ms else ("MPUB" if len(bodies) > 1 else "PUB")
         if not self.valid:
@@ -337,10 +419,13 @@ class TopicActor(Actor):
         if not 0 <= defer_ms <= max_defer_ms:
             raise invalid(f"DPUB timeout {defer_ms} out of range 0-{max_defer_ms}")
         self._ensure_exists()
+
+    def _publish(self, bodies: list[bytes], defer_ms: int, token: int = 0) -> int:
+        """Encode and hand on checked bodies; returns how many confirmations to await."""
         now = self.clock()
         encoded = self.guids.encode_batch(now, bodies)
         self.message_count += len(encoded)
-        self.message_bytes += sum(sizes)
+        self.message_bytes += sum(map(len, bodies))
         confirm = (self.name, token) if token else None
         if defer_ms:
             due = now + defer_ms * 1_000_000
@@ -394,10 +479,8 @@ class TopicActor(Actor):
         if w.drained is not None:
             if w.error is None:
                 self.tell(self.dq, DqAck(w.drained))
-        elif w.reply_to:
-            self.tell(w.reply_to, PublishDone(w.corr, w.error))
-        elif w.handle is not None:
-            w.handle.set(w.error)
+        else:
+            self._answer(w.publishers, w.error)
 
     def _drain(self) -> None:
         """Hand what was kept to the channels (when there are channels and no pause)."""

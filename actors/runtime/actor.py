@@ -136,6 +136,17 @@ class Actor(pykka.Actor):
             self._stop_requested = True
         return super()._handle_receive(message)
 
+    def on_batch_end(self) -> None:
+        """Called after each run of messages, before the thread moves on (default: nothing).
+
+        A run is what the slot handles in one turn: up to the throughput bound of
+        messages, fewer when the inbox empties first.  An actor that gathers work
+        from several messages (a topic joining the publishes that arrived together
+        into one fan-out and one disk write) sends it here, so nothing it gathered
+        waits for a message that may never come.  Raising here is a crash, as in
+        ``on_receive`` of a told message.
+        """
+
     def tell_later(self, delay: float, message: Any) -> None:
         """Tell this actor ``message`` after ``delay`` seconds.
 

@@ -223,6 +223,12 @@ class ActorSlot:
                     actor._stop()  # on_stop
                     self._teardown(actor)
                     return
+        try:
+            actor.on_batch_end()
+        except Exception:
+            actor = self._crashed(actor, *sys.exc_info())
+            if actor is None:
+                return
         if mailbox.end_batch():
             self._ready()
 

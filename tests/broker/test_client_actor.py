@@ -26,6 +26,7 @@ def client(tmp_path) -> tuple[ClientActor, Clock, list[Any]]:
     clock, sent = Clock(), []
     actor = ClientActor("client:c", broker_options(tmp_path / "data"), clock=clock)
     actor.tell = lambda name, message: sent.append((name, message))  # type: ignore[method-assign]
+    actor.tell_many = lambda name, messages: sent.append((name, list(messages)))  # type: ignore[method-assign]
     return actor, clock, sent
 
 
@@ -33,11 +34,31 @@ def test_publishes_are_answered_in_request_order(client):
     actor, _, sent = client
     actor.on_receive(ClientPub("a", [b"1"], corr=b"#1"))
     actor.on_receive(ClientPub("b", [b"2"], corr=b"#2"))
+    actor.on_batch_end()
     assert [name for name, _ in sent] == ["topic:a", "topic:b"]
     actor.on_receive(PublishDone(2, None))
     assert list(actor.outbox) == []  # #2 waits for #1
     actor.on_receive(PublishDone(1, None))
     assert list(actor.outbox) == [("ok", b"#1"), ("ok", b"#2")]
+
+
+def test_the_publishes_of_one_run_reach_each_topic_as_one_envelope_before_later_commands(
+        client):
+    actor, _, sent = client
+    # Given three publishes handled in one run of the inbox, two of them to one topic
+    actor.on_receive(ClientPub("a", [b"1"], corr=b"#1"))
+    actor.on_receive(ClientPub("b", [b"2"], corr=b"#2"))
+    actor.on_receive(ClientPub("a", [b"3", b"4"], corr=b"#3"))
+    assert sent == []  # (gathered until the run ends)
+    # When the run ends, Then each topic is told its publishes in order, in one envelope
+    actor.on_batch_end()
+    assert [(name, [(p.bodies, p.corr) for p in ps]) for name, ps in sent] == [
+        ("topic:a", [([b"1"], 1), ([b"3", b"4"], 3)]), ("topic:b", [([b"2"], 2)])]
+    # And a command after a publish (here a tick) sends the publish first
+    sent.clear()
+    actor.on_receive(ClientPub("c", [b"5"], corr=b"#4"))
+    actor.on_receive(ClientTick())
+    assert [name for name, _ in sent] == ["topic:c"]
 
 
 def test_a_publish_its_topic_never_answers_fails_and_closes_instead_of_blocking(client):

@@ -15,6 +15,7 @@ from actors.runtime import Actor, MailboxFull, RuntimeOptions
 from actors.runtime.inbox import Batch, Mailbox
 from actors.runtime.node import Node, NodeSpec
 from actors.runtime.slot import ActorSlot, RestartIntensity
+from tests.runtime.conftest import wait_until
 from tests.runtime.helpers import Boom, GetLog, Recorder, Seq, Whoami
 
 
@@ -88,6 +89,52 @@ def test_a_crashed_actor_is_replaced_and_gets_the_rest_of_its_batch() -> None:
     assert ask(slot, Whoami())[2] != first_instance
     assert slot.restarts == 1
     assert slot.handled == 7  # Whoami, 4 batch messages, GetLog, Whoami
+    assert escalated == []
+    stop(slot)
+
+
+class Gatherer(Actor):
+    """Keeps what it is told until its run ends (as a topic gathers publishes)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.held: list[Any] = []
+        self.runs: list[list[Any]] = []
+
+    def on_receive(self, message: Any) -> Any:
+        if message == "runs":
+            return list(self.runs)
+        if message == "fail at the end":
+            self.held.append(Boom())
+            return None
+        self.held.append(message)
+        return None
+
+    def on_batch_end(self) -> None:
+        if any(type(m) is Boom for m in self.held):
+            raise RuntimeError("boom at the end of the run")
+        if self.held:
+            self.runs.append(self.held)
+            self.held = []
+
+
+def test_on_batch_end_runs_after_each_run_of_messages_and_raising_there_is_a_crash() -> None:
+    escalated: list[str] = []
+    slot = ActorSlot("gather:unit", Gatherer, 100, intensity=RestartIntensity(5, 60.0),
+                     escalate=escalated.append, throughput=3)
+    # Given five messages and a question queued before the slot runs, with runs of three
+    slot.mailbox.put(Envelope(Batch([1, 2, 3, 4, 5])))
+    answer: ThreadingFuture[Any] = ThreadingFuture()
+    slot.mailbox.put(Envelope("runs", reply_to=answer))
+    slot.start()
+    # Then the question, handled in the second run, saw the end of the first only
+    assert answer.get(timeout=5) == [[1, 2, 3]]
+    # And that run ended after it, holding the other two
+    assert ask(slot, "runs") == [[1, 2, 3], [4, 5]]
+    # When its on_batch_end raises, Then it is replaced like a crash in on_receive
+    slot.mailbox.put(Envelope("fail at the end"))
+    wait_until(lambda: slot.restarts == 1, what="the restart")
+    assert ask(slot, "runs") == []  # (a fresh instance)
     assert escalated == []
     stop(slot)
 
