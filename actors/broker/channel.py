@@ -1,10 +1,13 @@
 """The channel actor: `channel:<topic>/<channel>`, a thin shell around `ChannelState`.
 
-Every message it receives changes the pure :class:`~actors.broker.channel_state.ChannelState`
-and then runs one delivery pass (``pump``); the resulting effects become
-messages: deliveries to client actors (one batch per client), writes, reads,
-acks and delayed-store updates to the channel's disk-queue actor, dead
-letters to the dead-letter topic.  In-flight timeouts and deferred messages
+Every message it receives changes the pure :class:`~actors.broker.channel_state.ChannelState`;
+then one delivery pass (``pump``) runs, and its effects become messages:
+deliveries to client actors (one batch per client), writes, reads, acks and
+delayed-store updates to the channel's disk-queue actor, dead letters to the
+dead-letter topic.  For the frequent messages (puts, FINs, RDYs, disk reads)
+the pass waits for the end of the run (``on_batch_end``), or for the next
+message of another kind, so a run of them costs one pass, one ``Deliver`` per
+client and one disk write, however many there were.  In-flight timeouts and deferred messages
 are processed when the worker's scanner sends ``Scan(now)`` (nsqd's
 queueScanLoop, as messages).
 
@@ -66,6 +69,10 @@ from actors.runtime.placement import Placement
 
 log = logging.getLogger(__name__)
 
+_PASS_AT_RUN_END = frozenset({ChannelPut, ChannelPutDeferred, DqMessages, Fin, Rdy})
+"""The frequent messages: their delivery pass (and effects) wait for the run's end, so
+a run of FINs and puts costs one pass and one delivery per client, not one each."""
+
 
 def scanner_for(topic: str, workers: int) -> str:
     """Name of the scanner on the worker that hosts `topic`'s family."""
@@ -89,6 +96,7 @@ class ChannelActor(Actor):
         self.put_confirms: list[tuple[str, int]] = []
         self.defer_confirms: list[tuple[str, int]] = []
         self.swept = False  # registered with the scanner (it has work to expire)
+        self.pass_due = False  # messages of this run changed the state: pass at its end
 
     def _new_state(self) -> ChannelState:
         o = self.options
@@ -106,6 +114,8 @@ class ChannelActor(Actor):
         self._after()
 
     def on_stop(self) -> None:
+        if self.pass_due:
+            self._after()  # (the run's acks and writes reach the disk-queue actor)
         if self.deleted or not self.durable:
             return
         kept = self.state.memory_only()
@@ -115,7 +125,20 @@ class ChannelActor(Actor):
 
     # ----------------------------------------------------------------- messages
 
+    def on_batch_end(self) -> None:
+        if self.pass_due:
+            self._after()
+
     def on_receive(self, msg: Any) -> Any:
+        if type(msg) in _PASS_AT_RUN_END:
+            self._change(msg)
+            self.pass_due = True  # one delivery pass for the whole run (on_batch_end)
+            return None
+        if self.pass_due:
+            self._after()  # what came before this message takes effect first
+        return self._change(msg)
+
+    def _change(self, msg: Any) -> Any:
         s = self.state
         match msg:
             case ChannelPut(messages=messages, confirm=confirm):
@@ -169,7 +192,8 @@ class ChannelActor(Actor):
             case _:
                 log.warning("%s: unexpected message %r", self.name, msg)
                 return None
-        self._after()
+        if type(msg) not in _PASS_AT_RUN_END:
+            self._after()
         return None
 
     def _confirm_when_written(self, confirm: Any, writes: list[Any],
@@ -225,6 +249,7 @@ class ChannelActor(Actor):
     # ------------------------------------------------------------------ effects
 
     def _after(self) -> None:
+        self.pass_due = False
         if self.deleted:
             return
         s = self.state

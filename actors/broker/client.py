@@ -185,6 +185,7 @@ class ClientActor(Actor):
         # publishes of this run, per topic: told as one envelope each at its end
         self.publishing: dict[str, list[Publish]] = {}
         self.publishing_bodies = 0  # (sent without waiting for the run's end at GATHER_MAX)
+        self.finishing: list[bytes] = []  # FINs of this run, told to the channel as one
 
     def on_start(self) -> None:
         if not self.restart_count:
@@ -203,10 +204,19 @@ class ClientActor(Actor):
 
     def on_stop(self) -> None:
         self._send_publishes()
+        self._send_fins()
         self._leave()
 
     def on_batch_end(self) -> None:
         self._send_publishes()
+        self._send_fins()
+
+    def _send_fins(self) -> None:
+        """Tell the channel this run's FINs as one."""
+        if self.finishing:
+            ids, self.finishing = self.finishing, []
+            if self.channel is not None:
+                self.tell(self.channel, Fin(self.name, ids))
 
     def _send_publishes(self) -> None:
         """Tell each topic this run's publishes to it in one envelope (the topic gathers
@@ -218,8 +228,10 @@ class ClientActor(Actor):
                 self.tell_many(topic, publishes)
 
     def on_receive(self, msg: Any) -> Any:
-        if type(msg) is not ClientPub:
-            self._send_publishes()  # a command after publishes reaches its actor after them
+        if type(msg) not in (ClientPub, ClientFin):
+            # anything else reaches its actor after the publishes and FINs before it
+            self._send_publishes()
+            self._send_fins()
         match msg:
             case Deliver(channel=channel, messages=messages):
                 conn = connections.lookup(self.name)
@@ -299,7 +311,7 @@ class ClientActor(Actor):
                 self.tell(self.channel, Rdy(self.name, count, self.msg_timeout_ms))
             case ClientFin(ids=ids):
                 self._require_sub("FIN")
-                self.tell(self.channel, Fin(self.name, list(ids)))
+                self.finishing.extend(ids)  # told at the run's end (_send_fins)
             case ClientReq(id=msg_id, delay_ms=delay_ms):
                 self._require_sub("REQ")
                 max_ms = int(o.max_req_timeout * 1000)
