@@ -32,12 +32,11 @@ import select
 import socket
 import statistics
 import struct
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from bench.nsq_clients_bench import BIN_DEFAULT, _tool, run_case
+from bench.nsq_clients_bench import BIN_DEFAULT, run_case, running
 from bench.scale_bench import Broker
 
 HEAD = struct.Struct(">ii")
@@ -197,15 +196,10 @@ def run(broker: Broker, rate: int, seconds: float, size: int, tick: float) -> di
 
 def capacity(bin_dir: str, extra: list[str], size: int) -> float:
     """Ours' PUB+SUB rate with NSQ's bench clients (the lower side), on a fresh broker."""
-    data = tempfile.mkdtemp(prefix="latcap")
-    broker = Broker("ours", os.path.join(data, "data"), extra=extra, nsqd=_tool(bin_dir, "nsqd"))
-    try:
-        broker.start()
+    with running("ours", extra, bin_dir) as broker:
         rate, _, _ = run_case(bin_dir, broker, "PUB+SUB", "cap", size=size, batch=200,
                               runfor=5.0)
         return rate
-    finally:
-        broker.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -236,15 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: dict[str, list[dict[str, float]]] = {b: [] for b in brokers}
     for rnd in range(args.rounds):
         for name in (brokers if rnd % 2 == 0 else brokers[::-1]):
-            kind, _, tree = name.partition("@")
-            data = tempfile.mkdtemp(prefix="latbench")
-            broker = Broker(kind, os.path.join(data, "data"), extra=extra, tree=tree or None,
-                            nsqd=_tool(args.bin, "nsqd"))
-            try:
-                broker.start()
+            with running(name, extra, args.bin) as broker:
                 row = run(broker, rate, args.seconds, args.size, args.tick_ms / 1000)
-            finally:
-                broker.stop()
             rows[name].append(row)
             print(f"  round {rnd} {name:<8} published {row['rate']:>9,.0f}/s "
                   f"(late ticks {row['late_ticks']}), received {row['received']:,}; ms: "

@@ -27,6 +27,7 @@ machine's speed drifts between rounds).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -37,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from bench.scale_bench import Broker
@@ -58,6 +60,23 @@ class Runs:
 def _tool(bin_dir: str, name: str) -> str:
     path = os.path.join(bin_dir, name)
     return path if os.path.exists(path) else shutil.which(name) or name
+
+
+@contextlib.contextmanager
+def running(name: str, extra: list[str], bin_dir: str) -> Iterator[Broker]:
+    """A fresh broker (empty data directory), started and stopped after: ``nsqd``,
+    ``ours``, or ``ours@/path/to/checkout`` (another build of ours, its tree on
+    ``PYTHONPATH``)."""
+    kind, _, tree = name.partition("@")
+    data = tempfile.mkdtemp(prefix="nsqbench")
+    broker = Broker(kind, os.path.join(data, "data"), extra=extra, tree=tree or None,
+                    nsqd=_tool(bin_dir, "nsqd"))
+    try:
+        broker.start()
+        yield broker
+    finally:
+        broker.stop()
+        shutil.rmtree(data, ignore_errors=True)
 
 
 def _rate(out: bytes, name: str) -> float:
@@ -132,12 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         for rnd in range(args.rounds):
             order = brokers if rnd % 2 == 0 else brokers[::-1]
             for name in order:
-                kind, _, tree = name.partition("@")
-                data = tempfile.mkdtemp(prefix="nsqbench")
-                broker = Broker(kind, os.path.join(data, "data"), extra=extra, tree=tree or None,
-                                nsqd=_tool(args.bin, "nsqd"))
-                try:
-                    broker.start()
+                with running(name, extra, args.bin) as broker:
                     for case in cases:
                         topic = f"{'pub' if case != 'PUB+SUB' else 'pubsub'}_{size}_{rnd}"
                         lo, hi, mark = run_case(args.bin, broker, case, topic, size=size,
@@ -146,9 +160,6 @@ def main(argv: list[str] | None = None) -> int:
                         other = f" (the other side {hi:,.0f}; {mark} is lower)" if hi else ""
                         print(f"  {size:>5} B round {rnd} {name:<12} {case:<8} {lo:>10,.0f} "
                               f"msgs/s{mark if case == 'SUB' else ''}{other}", flush=True)
-                finally:
-                    broker.stop()
-                    shutil.rmtree(data, ignore_errors=True)
         print(f"== {size} B: median msgs/s, and the median of per-round ratios to {brokers[0]}")
         for case, by in runs.rates.items():
             base = by[brokers[0]]

@@ -27,12 +27,11 @@ import os
 import socket
 import statistics
 import struct
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from bench.nsq_clients_bench import BIN_DEFAULT, _tool
+from bench.nsq_clients_bench import BIN_DEFAULT, running
 from bench.scale_bench import Broker
 
 DURABLE = ["--mem-queue-size=0", "--sync-every=1"]
@@ -124,18 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     rates: dict[str, list[float]] = {b: [] for b in brokers}
     for rnd in range(args.rounds):
         for name in (brokers if rnd % 2 == 0 else brokers[::-1]):
-            kind, _, tree = name.partition("@")
             count = args.messages
-            if kind == "nsqd" and args.durable:
+            if name == "nsqd" and args.durable:
                 count = max(50, count // 20)  # (nsqd fsyncs each PUB: a few hundred a second)
-            data = tempfile.mkdtemp(prefix="pubbench")
-            broker = Broker(kind, os.path.join(data, "data"), extra=extra, tree=tree or None,
-                            nsqd=_tool(args.bin, "nsqd"))
-            try:
-                broker.start()
+            with running(name, extra, args.bin) as broker:
                 rate = run(broker, args.producers, count, args.window, args.size)
-            finally:
-                broker.stop()
             rates[name].append(rate)
             print(f"  round {rnd} {name:<10} {rate:>10,.0f} PUB/s")
     first = brokers[0]
