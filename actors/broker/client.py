@@ -8,7 +8,11 @@ Channels send it ``Deliver`` batches and ``ClientError``s.
 Publishes are pipelined: ``ClientPub`` becomes a ``Publish`` told to the
 topic with this actor as ``reply_to``; the topic answers ``PublishDone`` and
 the answers are sent back in request order (NSQ V2 has no correlation ids,
-and a client's publishes may go to topics on different workers).
+and a client's publishes may go to topics on different workers).  The
+publishes of one run of the inbox are told to each topic as one envelope,
+and its FINs to the channel as one ``Fin``, when the run ends
+(``on_batch_end``) or before any other command, which keeps every command's
+order towards each actor.
 
 What reaches the client goes to its :class:`~actors.broker.connections.Connection`
 when a protocol server registered one, otherwise to an *outbox* of
