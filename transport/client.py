@@ -288,6 +288,13 @@ class Message:
     _session: _Session = field(repr=False)
     responded: bool = False
 
+    @property
+    def source(self) -> str | None:
+        """The endpoint of the broker that delivered it.  Message ids are unique per
+        broker only (two brokers with the same node id, e.g. on one host, issue the
+        same ids in the same millisecond), so (source, id) names a message."""
+        return getattr(self._session, "endpoint", None)
+
     def finish(self) -> None:
         if not self.responded:
             self.responded = True

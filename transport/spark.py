@@ -469,10 +469,11 @@ class TopicReader:
     read until ``close()``).  ``metadata=True`` adds ``_nsq_id`` (hex),
     ``_nsq_timestamp`` (ns) and ``_nsq_attempts`` columns, which let a
     downstream job drop the duplicates at-least-once delivery allows.
-    ``dedupe_window`` > 0 leaves out of a batch a message whose id was among the
-    last ``dedupe_window`` this reader committed (a redelivery, e.g. after a FIN
-    lost with a broker); ``Batch.duplicates`` counts them, and they are FINed
-    with the batch.
+    ``dedupe_window`` > 0 leaves out of a batch a message whose id, from the same
+    broker, was among the last ``dedupe_window`` this reader committed (a
+    redelivery, e.g. after a FIN lost with a broker; ids are unique per broker
+    only, so the same id from two brokers is two messages); ``Batch.duplicates``
+    counts them, and they are FINed with the batch.
 
     With the JSON deserializer, Spark's own JSON reader makes the rows: the
     driver only checks that each body is one whole JSON object and stages the
@@ -496,7 +497,7 @@ class TopicReader:
         if batch_size < 1:
             raise ValueError("batch_size must be positive")
         # ids of messages committed lately, oldest first: a redelivery of one is left out
-        self._seen: dict[bytes, None] = {}
+        self._seen: dict[tuple[str | None, bytes], None] = {}  # (broker, id)
         self._dedupe_window = dedupe_window
         self.spark = spark
         # the bodies' schema (None: inferred from the first batch); `schema` is the
@@ -528,7 +529,7 @@ class TopicReader:
         # delivered or touched: the keeper touches those held for half the timeout, so
         # a batch that takes long to write (or waits for the next) never times out
         # while this reader still has it.
-        self._held: dict[bytes, tuple[Message, float]] = {}
+        self._held: dict[tuple[str | None, bytes], tuple[Message, float]] = {}
         self._touch_after = msg_timeout_ms / 2000
         self._keeper: threading.Thread | None = None
         self._closing = threading.Event()
@@ -561,19 +562,19 @@ class TopicReader:
         self.close()
 
     def _delivered(self, m: Message) -> None:
-        self._held[m.id] = (m, time.monotonic())
+        self._held[(m.source, m.id)] = (m, time.monotonic())
         self._arrived.put(m)
 
     def _keep(self) -> None:
         """Touch every message held for half its timeout (the keeper thread's loop)."""
         while not self._closing.wait(self._touch_after / 4):
             now = time.monotonic()
-            for msg_id, (m, since) in list(self._held.items()):
+            for key, (m, since) in list(self._held.items()):
                 if m.responded:
-                    self._held.pop(msg_id, None)
+                    self._held.pop(key, None)
                 elif now - since >= self._touch_after:
                     m.touch()
-                    self._held[msg_id] = (m, now)
+                    self._held[key] = (m, now)
 
     def close(self) -> None:
         """Stop deliveries, requeue every message held (an uncommitted batch, and what
@@ -628,19 +629,20 @@ class TopicReader:
     def _gather(self) -> list[Message]:
         """Up to batch_size distinct messages: wait idle_timeout for the first, then
         batch_timeout for the rest."""
-        got: dict[bytes, Message] = {}
+        # keyed by (broker, id): ids are unique per broker only
+        got: dict[tuple[str | None, bytes], Message] = {}
         try:
             first = self._arrived.get(timeout=self.idle_timeout)
         except queue.Empty:
             return []
-        got[first.id] = first
+        got[(first.source, first.id)] = first
         deadline = time.monotonic() + self.batch_timeout
         arrived, size = self._arrived, self.batch_size
         while len(got) < size:
             try:  # what has arrived, without a timed wait each
                 while len(got) < size:
                     m = arrived.get_nowait()
-                    got[m.id] = m  # a redelivery of a message already here replaces it
+                    got[(m.source, m.id)] = m  # a redelivery of one already here replaces it
                 break
             except queue.Empty:
                 pass
@@ -651,18 +653,18 @@ class TopicReader:
                 m = arrived.get(timeout=remaining)
             except queue.Empty:
                 break
-            got[m.id] = m
+            got[(m.source, m.id)] = m
         return list(got.values())
 
     def _remember(self, messages: list[Message]) -> None:
         seen = self._seen
         for m in messages:
-            seen[m.id] = None
+            seen[(m.source, m.id)] = None
         for _ in range(len(seen) - self._dedupe_window):
             del seen[next(iter(seen))]
 
     def _build(self, messages: list[Message]) -> Batch:
-        fresh = [m for m in messages if m.id not in self._seen]
+        fresh = [m for m in messages if (m.source, m.id) not in self._seen]
         bad: list[BadMessage] = []
         if self._staging is not None:
             df, rows, release, settle = self._from_json_lines(fresh, bad)
