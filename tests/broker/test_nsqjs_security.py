@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from tests.broker.test_auth import READER, WRITER, AuthServer
+from tests.lookupd.conftest import NSQJS, nsqjs_node
 
 pytestmark = pytest.mark.timeout(120)
-
-NSQJS = Path(__file__).parents[1] / "lookupd" / "nsqjs"
 
 
 @pytest.mark.parametrize("options", [
@@ -22,11 +19,7 @@ NSQJS = Path(__file__).parents[1] / "lookupd" / "nsqjs"
     {"tls": True, "snappy": True}, {"authSecret": "js"},
 ], ids="+".join)
 def test_nsqjs_publishes_and_reads_over(start, pki, options):
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is not installed")
-    if not (NSQJS / "node_modules" / "nsqjs").is_dir():
-        pytest.skip("nsqjs is not installed: run tests/deps.sh (needs npm)")
+    node = nsqjs_node()
     authd = AuthServer()
     try:
         authd.grant("js", WRITER, {**READER, "topic": "^orders_js$", "channels": [".*"]})

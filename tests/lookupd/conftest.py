@@ -31,6 +31,21 @@ def nsq_binary(name: str) -> str:
     return found
 
 
+NSQJS = Path(__file__).parent / "nsqjs"
+"""nsqjs, installed by tests/deps.sh, with the scripts the nsqjs tests run."""
+
+
+def nsqjs_node() -> str:
+    """The ``node`` to run the nsqjs scripts with; skips the test where node or nsqjs
+    is missing (tests/deps.sh installs nsqjs where npm is; CI has both)."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    if not (NSQJS / "node_modules" / "nsqjs").is_dir():
+        pytest.skip("nsqjs is not installed: run tests/deps.sh (needs npm)")
+    return node
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

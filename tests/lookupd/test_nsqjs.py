@@ -3,29 +3,22 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from actors.lookupd import Lookupd
 from tests.chaos.harness import BrokerProcess
-from tests.lookupd.conftest import wait_until
+from tests.lookupd.conftest import NSQJS, nsqjs_node, wait_until
 from transport.client import Producer, lookup
 
 pytestmark = pytest.mark.timeout(120)
 
-HERE = Path(__file__).parent / "nsqjs"
 
 
 def test_nsqjs_reader_finds_our_brokers_through_our_lookupd(lookupd: Lookupd,
                                                             tmp_path) -> None:
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is not installed")
-    if not (HERE / "node_modules" / "nsqjs").is_dir():
-        pytest.skip("nsqjs is not installed: run tests/deps.sh (needs npm)")
+    node = nsqjs_node()
     brokers = [BrokerProcess(tmp_path / f"b{i}", tmp_path / f"b{i}.log", (
         "--workers", "1", "--broadcast-address", "127.0.0.1",
         "--lookupd-tcp-address", lookupd.tcp_address)) for i in range(2)]
@@ -36,7 +29,7 @@ def test_nsqjs_reader_finds_our_brokers_through_our_lookupd(lookupd: Lookupd,
                 p.multi_publish("jst", [b"%d-%d" % (b.tcp, n) for n in range(3)])
         wait_until(lambda: len(lookup(lookupd.http_address, "jst")) == 2,
                    what="both brokers in the lookup")
-        done = subprocess.run([node, str(HERE / "read.js"), lookupd.http_address, "jst", "c",
+        done = subprocess.run([node, str(NSQJS / "read.js"), lookupd.http_address, "jst", "c",
                                "6"], capture_output=True, text=True, timeout=60, check=False)
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout) == sorted(f"{b.tcp}-{n}" for b in brokers
