@@ -130,13 +130,14 @@ class ChannelActor(Actor):
             self._after()
 
     def on_receive(self, msg: Any) -> Any:
-        if type(msg) in _PASS_AT_RUN_END:
-            self._change(msg)
-            self.pass_due = True  # one delivery pass for the whole run (on_batch_end)
-            return None
+        if type(msg) in _PASS_AT_RUN_END:  # one delivery pass for the whole run (on_batch_end)
+            return self._change(msg)
         if self.pass_due:
             self._after()  # what came before this message takes effect first
-        return self._change(msg)
+        reply = self._change(msg)
+        if self.pass_due:
+            self._after()
+        return reply
 
     def _change(self, msg: Any) -> Any:
         s = self.state
@@ -192,8 +193,7 @@ class ChannelActor(Actor):
             case _:
                 log.warning("%s: unexpected message %r", self.name, msg)
                 return None
-        if type(msg) not in _PASS_AT_RUN_END:
-            self._after()
+        self.pass_due = True
         return None
 
     def _confirm_when_written(self, confirm: Any, writes: list[Any],

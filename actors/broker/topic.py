@@ -154,6 +154,7 @@ class TopicActor(Actor):
         # (on_batch_end): one encode, one ChannelPut per channel and, when durable,
         # one disk write and fsync for all of them (group commit across clients).
         self.gathered: list[bytes] = []
+        self.gathered_bytes = 0
         self.gathered_by: list[_Publisher] = []
         self.deleted = False
         self._reset()
@@ -263,8 +264,8 @@ class TopicActor(Actor):
                 token = next(self._tokens) if self.durable_ack else 0
                 expected = 0
                 try:
-                    self._check(bodies, defer_ms)
-                    expected = self._publish(list(bodies), defer_ms, token)
+                    size = self._check(bodies, defer_ms)
+                    expected = self._publish(list(bodies), size, defer_ms, token)
                     result = None
                 except BrokerError as e:
                     result = e.to_wire()
@@ -359,7 +360,7 @@ class TopicActor(Actor):
         """A PUB or MPUB: checked now (a refusal is answered at once), kept for the
         run's fan-out."""
         try:
-            self._check(msg.bodies, 0)
+            self.gathered_bytes += self._check(msg.bodies, 0)
         except BrokerError as e:
             if not msg.reply_to:
                 return e.to_wire()  # the asker's reply
@@ -376,13 +377,13 @@ class TopicActor(Actor):
         (now, or when durable once their one write is confirmed everywhere)."""
         if not self.gathered_by:
             return
-        bodies, publishers = self.gathered, self.gathered_by
-        self.gathered, self.gathered_by = [], []
+        bodies, size, publishers = self.gathered, self.gathered_bytes, self.gathered_by
+        self.gathered, self.gathered_bytes, self.gathered_by = [], 0, []
         token = next(self._tokens) if self.durable_ack else 0
         error = None
         expected = 0
         try:
-            expected = self._publish(bodies, 0, token)
+            expected = self._publish(bodies, size, 0, token)
         except BrokerError as e:  # (checked when gathered: not expected)
             error = e.to_wire()
         if expected:  # answered by _stored() when every write is confirmed
@@ -401,8 +402,9 @@ class TopicActor(Actor):
         for client, dones in by_client.items():
             self.tell_many(client, dones)
 
-    def _check(self, bodies: Sequence[bytes], defer_ms: int) -> None:
-        """Refuse a publish nsqd would refuse, with its error; creates the topic."""
+    def _check(self, bodies: Sequence[bytes], defer_ms: int) -> int:
+        """Refuse a publish nsqd would refuse, with its error; creates the topic.
+        Returns the bodies' size in bytes."""
         o = self.options
         verb = "DPUB" if defer_ms else ("MPUB" if len(bodies) > 1 else "PUB")
         if not self.valid:
@@ -419,13 +421,15 @@ class TopicActor(Actor):
         if not 0 <= defer_ms <= max_defer_ms:
             raise invalid(f"DPUB timeout {defer_ms} out of range 0-{max_defer_ms}")
         self._ensure_exists()
+        return sum(sizes)
 
-    def _publish(self, bodies: list[bytes], defer_ms: int, token: int = 0) -> int:
-        """Encode and hand on checked bodies; returns how many confirmations to await."""
+    def _publish(self, bodies: list[bytes], size: int, defer_ms: int, token: int = 0) -> int:
+        """Encode and hand on checked bodies (`size` bytes); returns how many
+        confirmations to await."""
         now = self.clock()
         encoded = self.guids.encode_batch(now, bodies)
         self.message_count += len(encoded)
-        self.message_bytes += sum(map(len, bodies))
+        self.message_bytes += size
         confirm = (self.name, token) if token else None
         if defer_ms:
             due = now + defer_ms * 1_000_000
