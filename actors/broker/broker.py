@@ -3,16 +3,18 @@
 The broker is the actor runtime (`actors.runtime.supervisor`) with the broker's actor
 factories:
 
-==============  =======================================  ========================
-name            actor                                    process
-==============  =======================================  ========================
-``topic:T``     `actors.broker.topic.TopicActor`                worker ``crc32(T) % N``
-``channel:T/C`` `actors.broker.channel.ChannelActor`            same worker as its topic
-``diskqueue:*`` `actors.broker.diskqueue.DiskQueueActor`  same worker as its owner
-``scanner:i``   `actors.broker.scanner.ScannerActor`            worker ``i``
-``client:id``   `actors.broker.client.ClientActor`              gateway
-``listener:p``  `actors.broker.gateway` (``http``)              gateway
-==============  =======================================  ========================
+=================  ==========================================  ====================
+name               actor                                       process
+=================  ==========================================  ====================
+``topic:T``        `actors.broker.topic.TopicActor`            ``crc32(T) % N``
+``channel:T/C``    `actors.broker.channel.ChannelActor`        its topic's worker
+``diskqueue:*``    `actors.broker.diskqueue.DiskQueueActor`    its owner's worker
+``scanner:i``      `actors.broker.scanner.ScannerActor`        worker ``i``
+``handoff:i``      `actors.broker.gateway.HandoffListener`     worker ``i``
+``client:id``      `actors.broker.client.ClientActor`          gateway
+``client:wi.id``   the same, for a connection handed over      worker ``i``
+``listener:p``     `actors.broker.gateway` (``http`` ...)      gateway
+=================  ==========================================  ====================
 
 Every node, when it starts and after every restart, creates its scanner and
 the topics whose metadata files in ``--data-path`` hash to it (the boot
@@ -35,7 +37,7 @@ from actors.broker.channel import ChannelActor
 from actors.broker.client import ClientActor
 from actors.broker.diskqueue import DiskQueueActor
 from actors.broker.errors import BrokerError, from_wire
-from actors.broker.gateway import ListenerInfo, listener
+from actors.broker.gateway import HandoffListener, ListenerInfo, listener
 from actors.broker.lookup import LookupActor, lookup_names
 from actors.broker.messages import Publish, TopicCommand, TopicStats
 from actors.broker.options import BrokerOptions, OptionsError, parse_options, run_dir_for
@@ -49,7 +51,7 @@ from storage.errors import StorageError
 
 log = logging.getLogger("actors.broker")
 
-STOP_ORDER = ("listener", "client", "topic", "channel", "scanner")
+STOP_ORDER = ("listener", "handoff", "client", "topic", "channel", "scanner")
 LISTENERS = ("http", "zmq", "tcp")
 
 
@@ -60,7 +62,7 @@ def boot_names(options: BrokerOptions, node: str, placement: Placement) -> list[
     index = node.rpartition("-")[2]
     topics = [f"topic:{t}" for t in topics_on_disk(options.data_path)
               if placement.node_for(f"topic:{t}") == node]
-    return [f"scanner:{index}", *topics]
+    return [f"scanner:{index}", f"handoff:{index}", *topics]
 
 
 def factories(options: BrokerOptions) -> dict[str, Any]:
@@ -71,6 +73,7 @@ def factories(options: BrokerOptions) -> dict[str, Any]:
         "scanner": partial(ScannerActor, options=options),
         "client": partial(ClientActor, options=options),
         "listener": partial(listener, options=options),
+        "handoff": partial(HandoffListener, options=options),
         "lookup": partial(LookupActor, options=options),
     }
 

@@ -145,6 +145,25 @@ class ClientTick:
 
 @message
 @dataclass(frozen=True)
+class ClientHandoff:
+    """The connection subscribed (its loop paused reading after the SUB): hand it to
+    worker `worker`, which holds the channel, once every publish is answered."""
+
+    worker: int
+
+
+@message
+@dataclass(frozen=True)
+class ClientAdopted:
+    """This client's connection was handed over by the gateway with its SUB: the
+    state of the client actor there (``msg_timeout_ms``, ``identity``, ``connect_ts``,
+    ``pub_counts``) and the SUB's ``topic`` and ``channel``."""
+
+    state: dict[str, Any]
+
+
+@message
+@dataclass(frozen=True)
 class ClientTake:
     """Ask: up to `limit` outbox entries, oldest first (removed from the outbox)."""
 
@@ -190,6 +209,7 @@ class ClientActor(Actor):
         self.publishing: dict[str, list[Publish]] = {}
         self.publishing_bodies = 0  # (sent without waiting for the run's end at GATHER_MAX)
         self.finishing: list[bytes] = []  # FINs of this run, told to the channel as one
+        self.handoff: ClientHandoff | None = None  # waiting for the publishes' answers
 
     def on_start(self) -> None:
         if not self.restart_count:
@@ -337,6 +357,15 @@ class ClientActor(Actor):
                 self.publishing_bodies += len(bodies)
                 if self.publishing_bodies >= GATHER_MAX:
                     self._send_publishes()
+            case ClientHandoff():
+                self.handoff = msg
+                self._hand_off()
+            case ClientAdopted(state=state):
+                self.msg_timeout_ms = int(state["msg_timeout_ms"])
+                self.identity = dict(state["identity"])
+                self.connect_ts = int(state["connect_ts"])
+                self.pub_counts = dict(state["pub_counts"])
+                self._command(ClientSub(state["topic"], state["channel"]))
             case ClientGone():
                 self._leave()
                 self.closed = True
@@ -350,6 +379,21 @@ class ClientActor(Actor):
                 self.closed = True
             case _:
                 raise invalid(f"invalid command {type(msg).__name__}")
+
+    def _hand_off(self) -> None:
+        """Hand the connection over (ClientHandoff) once no publish waits for its answer,
+        so every OK this actor owes is written before the new owner writes SUB's."""
+        if self.handoff is None or self.pubs:
+            return
+        worker, self.handoff = self.handoff.worker, None
+        conn = connections.lookup(self.name)
+        if conn is None or self.closed:
+            return
+        # If the hand-off fails, the loop sends the SUB here after all; if it works, the
+        # connection's close (ClientGone) stops this actor.
+        conn.hand_off(worker, {"msg_timeout_ms": self.msg_timeout_ms,
+                               "identity": self.identity, "connect_ts": self.connect_ts,
+                               "pub_counts": self.pub_counts})
 
     def _require_sub(self, verb: str) -> None:
         if self.channel is None:
@@ -383,6 +427,7 @@ class ClientActor(Actor):
                 conn.respond(corr, None)
             else:
                 self.outbox.append(("ok", corr))
+        self._hand_off()
 
     def _stats_info(self) -> dict[str, Any]:
         """What the channel shows of this client in /stats, with nsqd's fields and types

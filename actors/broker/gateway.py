@@ -28,9 +28,11 @@ import psutil
 
 from actors.broker import connections, health
 from actors.broker.client import (
+    ClientAdopted,
     ClientClose,
     ClientFin,
     ClientGone,
+    ClientHandoff,
     ClientIdentify,
     ClientProducer,
     ClientPub,
@@ -50,6 +52,7 @@ from transport import tls
 from transport.auth import AuthServers
 from transport.mailbox.envelope import message
 from transport.nsq import codec as nsq_codec
+from transport.nsq import handoff
 from transport.protocol import commands as pc
 from transport.protocol.identify import ServerInfo
 from transport.protocol.validation import DISK_FAILED, Limits, ProtocolError
@@ -161,8 +164,8 @@ class GatewayFacade:
         """Connections that published (nsqd's producers), with their `pub_counts`
         (only `topic`'s when asked for one topic); None when there are none, as nsqd."""
         endpoint = current_endpoint()
-        names = [a["name"] for a in endpoint.ask_node(GATEWAY, ListActors("client:"),
-                                                      self.timeout)]
+        names = [a["name"] for node in self.placement.nodes  # (handed-over ones: workers)
+                 for a in endpoint.ask_node(node, ListActors("client:"), self.timeout)]
         out = []
         for reply in endpoint.ask_many([(n, ClientProducer()) for n in names], self.timeout):
             if reply is None or isinstance(reply, Exception):
@@ -309,25 +312,53 @@ class TcpConnection(_SessionConnection):
         self.server.send(self.session, nsq_codec.encode_error(
             ProtocolError(error[0], error[1], fatal=error[2])))
 
+    def hand_off(self, worker: int, state: dict[str, Any]) -> None:
+        """Hand the connection (which offered itself at its SUB) to `worker`."""
+        self.server.hand_off(self.session, worker, state)
+
 
 class ProtocolBridge:
-    """Turns a session's commands into messages to its `client:<prefix><session>` actor."""
+    """Turns a session's commands into messages to its `client:<prefix><session>` actor.
 
-    def __init__(self, prefix: str, connection: Any) -> None:
+    With `placement` (the NSQ TCP listener of a broker with workers), a plain
+    connection that subscribes is offered to the worker that holds its channel
+    (``on_handoff``; docs/ARCHITECTURE.md, "Subscribed connections"), and a
+    worker's bridge takes such connections in (``on_adopt``)."""
+
+    def __init__(self, prefix: str, connection: Any, placement: Placement | None = None) -> None:
         self.prefix = prefix
         self.connection = connection
+        self.placement = placement
         self.server: Any = None
 
     def actor_name(self, session: str) -> str:
         return f"client:{self.prefix}{session}"
 
-    def on_command(self, session: str, corr: bytes | None, command: Any) -> None:
+    def _registered(self, session: str) -> str:
         name = self.actor_name(session)
         if connections.lookup(name) is None:
             connections.register(name, self.connection(self.server, session))
+        return name
+
+    def on_command(self, session: str, corr: bytes | None, command: Any) -> None:
+        name = self._registered(session)
         msg = to_client_message(command, corr)
         if msg is not None:
             current_endpoint().tell(name, msg)
+
+    def on_handoff(self, session: str, sub: pc.Sub) -> bool:
+        """A plain connection's SUB: hand it to its channel's worker (True), through its
+        client actor, which first answers the publishes before it."""
+        if self.placement is None:
+            return False
+        node = self.placement.node_for(f"topic:{sub.topic}")
+        current_endpoint().tell(self._registered(session),
+                                ClientHandoff(int(node.rpartition("-")[2])))
+        return True
+
+    def on_adopt(self, session: str, state: dict[str, Any]) -> None:
+        """A connection handed over with its SUB (on a worker)."""
+        current_endpoint().tell(self._registered(session), ClientAdopted(state))
 
     def on_close(self, session: str) -> None:
         name = self.actor_name(session)
@@ -380,6 +411,7 @@ class SocketListener(Actor):
         self.options = options
         self.protocol = name.partition(":")[2]
         self.server: Any = None
+        self.handoff: handoff.Sender | None = None
         self.error: str | None = None
         self.address = (options.zmq_address if self.protocol == "zmq"
                         else options.tcp_address)
@@ -405,7 +437,11 @@ class SocketListener(Actor):
         host, port = split_address(self.options.tcp_address)
         context = tls.context_for(self.options)
         o = self.options
-        return TcpServer(host, port, bridge, limits=limits,
+        if bridge.placement is not None:
+            run_dir = run_dir_for(o.data_path)
+            self.handoff = handoff.Sender([handoff.socket_path(run_dir, i)
+                                           for i in range(bridge.placement.workers)])
+        return TcpServer(host, port, bridge, limits=limits, handoff=self.handoff,
                          info=replace(info, tls_v1=context is not None, deflate=o.deflate,
                                       snappy=o.snappy, max_deflate_level=o.max_deflate_level,
                                       auth_required=bool(o.auth_http_address)),
@@ -419,8 +455,12 @@ class SocketListener(Actor):
         # name must never be one that a channel still holds for a client of the last life.
         life = secrets.token_hex(3)
         zmq = self.protocol == "zmq"
+        # A subscribed NSQ TCP connection is handed to its channel's worker, where it
+        # costs no hop through this process (without AUTH: its checks live here).
+        handing = not zmq and bool(self.options.workers) and not self.options.auth_http_address
         bridge = ProtocolBridge(f"z{life}." if zmq else f"t{life}.",
-                                ZmqConnection if zmq else TcpConnection)
+                                ZmqConnection if zmq else TcpConnection,
+                                Placement(self.options.workers or 0) if handing else None)
         try:
             self.server = self._make_server(bridge)
             bridge.server = self.server
@@ -441,10 +481,56 @@ class SocketListener(Actor):
         if self.server is not None:
             self.server.stop()
             self.server = None
+        if self.handoff is not None:
+            self.handoff.close()
+            self.handoff = None
 
     def on_receive(self, msg: Any) -> Any:
         if isinstance(msg, ListenerInfo):
             return {"protocol": self.protocol, "address": self.address, "error": self.error,
+                    "sessions": self.server.sessions() if self.server else 0}
+        log.warning("%s: unexpected message %r", self.name, msg)
+        return None
+
+
+class HandoffListener(Actor):
+    """`handoff:<i>`, on worker `i`: serves the subscribed NSQ TCP connections the
+    gateway hands over (transport.nsq.handoff), with client actors on this worker
+    (``client:w<i>.<life>.<session>``) beside the channels they read."""
+
+    def __init__(self, name: str, options: BrokerOptions) -> None:
+        super().__init__(name)
+        self.options = options
+        self.index = int(name.partition(":")[2])
+        self.server: Any = None
+
+    def on_start(self) -> None:
+        from transport.nsq.server import TcpServer  # noqa: PLC0415
+
+        o = self.options
+        bridge = ProtocolBridge(f"w{self.index}.{secrets.token_hex(3)}.", TcpConnection)
+        server = TcpServer(None, 0, bridge, limits=Limits.from_options(o),
+                           info=ServerInfo(version=_version()))
+        bridge.server = server
+        server.start()
+        try:
+            receiver = handoff.Receiver(handoff.socket_path(run_dir_for(o.data_path),
+                                                            self.index))
+        except OSError as e:  # the gateway serves every connection itself meanwhile
+            log.error("%s: cannot receive connections: %s", self.name, e)
+            server.stop()
+            return
+        server.adopt_from(receiver)
+        self.server = server
+
+    def on_stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    def on_receive(self, msg: Any) -> Any:
+        if isinstance(msg, ListenerInfo):
+            return {"protocol": "tcp-handoff", "error": None if self.server else "not serving",
                     "sessions": self.server.sessions() if self.server else 0}
         log.warning("%s: unexpected message %r", self.name, msg)
         return None

@@ -7,9 +7,11 @@ An actor is addressed by a stable name ``kind:key``: ``topic:orders``,
 Nodes are named ``gateway`` and ``worker-0`` .. ``worker-{N-1}``.
 
 * ``client:*``, ``listener:*`` and ``lookup:*`` live on the gateway (it owns the
-  client sockets, and the connections to lookup daemons).
-* Names whose kind is *pinned* (``scanner`` by default) carry a worker index
-  as key: ``scanner:1`` lives on ``worker-1`` (one per worker).
+  client sockets, and the connections to lookup daemons), except a client whose
+  key starts with ``w<i>.``: its connection was handed to worker ``i``
+  (``client:w1.t3f.7`` lives on ``worker-1``).
+* Names whose kind is *pinned* (``scanner`` and ``handoff`` by default) carry a
+  worker index as key: ``scanner:1`` lives on ``worker-1`` (one per worker).
 * Names whose kind is *topic-keyed* (``topic``, ``channel``, ``diskqueue`` by
   default) are placed by the topic, the part of the key before the first
   ``/``: ``worker-{crc32(topic) % N}``.  A topic, its channels and their disk
@@ -35,6 +37,7 @@ __all__ = [
     "PINNED_KINDS",
     "TOPIC_KINDS",
     "Placement",
+    "handed_client_prefix",
     "split_name",
     "worker_name",
 ]
@@ -49,7 +52,7 @@ GATEWAY_KINDS = frozenset({"client", "listener", "lookup"})
 """Name kinds that live on the gateway (client connections, protocol listeners and
 connections to lookup daemons)."""
 
-PINNED_KINDS = frozenset({"scanner"})
+PINNED_KINDS = frozenset({"scanner", "handoff"})
 """Name kinds whose key is a worker index (one such actor per worker)."""
 
 
@@ -66,6 +69,20 @@ def split_name(name: str) -> tuple[str, str]:
 
 _CACHE_MAX = 16_384
 """Names whose node is remembered (about 150 bytes each); the hot ones come back."""
+
+
+def _handed_to(key: str) -> int | None:
+    """The worker index in a client key ``w<i>.<rest>`` (None: any other key)."""
+    if key[:1] == "w":
+        index, dot, _ = key[1:].partition(".")
+        if dot and index.isdigit():
+            return int(index)
+    return None
+
+
+def handed_client_prefix(index: int) -> str:
+    """The start of the names of client actors whose connections worker `index` serves."""
+    return f"client:w{index}."
 
 
 class Placement:
@@ -97,8 +114,11 @@ class Placement:
         node = self._cache.get(name)
         if node is None:
             kind, key = split_name(name)
-            if kind in GATEWAY_KINDS or not self.workers:
+            if not self.workers:
                 node = GATEWAY
+            elif kind in GATEWAY_KINDS:
+                index = _handed_to(key) if kind == "client" else None
+                node = GATEWAY if index is None else self._nodes[index % self.workers]
             elif kind in PINNED_KINDS and key.isdigit():
                 node = self._nodes[int(key) % self.workers]
             else:

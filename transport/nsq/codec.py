@@ -252,7 +252,9 @@ class ServerConnection:
         return event
 
     def next_events(self) -> list[Command | ProtocolError]:
-        """Every event the buffered bytes hold (stops after a fatal error).
+        """Every event the buffered bytes hold (stops after a fatal error, and after a
+        SUB: the bytes after it stay buffered until the next call, so a socket loop may
+        hand the connection over to another process with them, :meth:`take_buffered`).
 
         Runs of well-formed ``FIN <id>`` lines -- a consumer acking a batch,
         the commonest traffic there is -- come out as one :class:`Fin` with
@@ -270,6 +272,8 @@ class ServerConnection:
             if isinstance(event, Sentinel):
                 return events
             events.append(event)
+            if type(event) is Sub:
+                return events
 
     def _fast_fins(self) -> list[bytes]:
         """Take consecutive ``FIN <16-byte id>\\n`` lines; stop at anything else.
@@ -283,6 +287,27 @@ class ServerConnection:
         ids: list[bytes] = _FIN_ID.findall(self._buf, self._pos, run.end())
         self._pos = self._scan = run.end()
         return ids
+
+    @classmethod
+    def resumed(cls, limits: Limits, server: ServerInfo, settings: IdentifySettings,
+                buffered: bytes) -> ServerConnection:
+        """A connection that another process decoded up to and including its SUB (the
+        hand-off of a subscribed connection, transport.nsq.handoff): past the magic,
+        subscribed, with that connection's IDENTIFY settings and its unparsed bytes."""
+        conn = cls(limits, server)
+        conn.settings = settings
+        conn.state.heartbeats = settings.heartbeat_interval > 0
+        conn.state.apply(Sub("", ""))
+        conn._phase = _Phase.LINE
+        conn._buf += buffered
+        return conn
+
+    def take_buffered(self) -> bytes:
+        """The bytes received and not yet parsed, removed from this decoder (at a command
+        boundary: read after :meth:`next_events` returned a SUB)."""
+        data = bytes(self._buf[self._pos :])
+        self.discard_buffered()
+        return data
 
     def discard_buffered(self) -> None:
         """Drop the bytes received and not yet parsed: the connection's transport changes

@@ -52,6 +52,7 @@ import ssl
 import threading
 import zlib
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict
 from typing import Any
 
 from transport.auth import ASK_AGAIN, AuthError, AuthServers, AuthState, answer, judge, query_any
@@ -64,6 +65,7 @@ from transport.nsq.codec import (
     encode_identify_response,
     encode_response,
 )
+from transport.nsq.handoff import Receiver, Sender
 from transport.protocol.commands import (
     Auth,
     Cls,
@@ -76,7 +78,7 @@ from transport.protocol.commands import (
     Pub,
     Sub,
 )
-from transport.protocol.identify import ServerInfo
+from transport.protocol.identify import IdentifySettings, ServerInfo
 from transport.protocol.validation import Limits, ProtocolError
 from transport.tls import peer_details
 
@@ -134,11 +136,18 @@ class BaseConn(asyncio.Protocol):
 
 
 class _Conn(BaseConn):
-    def __init__(self, server: TcpServer) -> None:
+    def __init__(self, server: TcpServer, resume: dict[str, Any] | None = None) -> None:
         super().__init__(server)
         self.server: TcpServer = server
-        self.codec = ServerConnection(server.limits, server.info)
-        self.heartbeat_s = server.limits.client_timeout / 2000
+        self.resume = resume  # the state of a connection handed over by another process
+        if resume is None:
+            self.codec = ServerConnection(server.limits, server.info)
+        else:
+            self.codec = ServerConnection.resumed(
+                server.limits, server.info, IdentifySettings(**resume["settings"]),
+                resume["buffered"])
+        self.heartbeat_s = self.codec.settings.heartbeat_interval / 1000
+        self.handing: Sub | None = None  # the SUB whose connection is being handed over
         self.heard = 0.0
         self.codec.tls_required = server.tls_required
         self.held: list[bytes] | None = None  # writes waiting for the TLS handshake
@@ -157,6 +166,15 @@ class _Conn(BaseConn):
         super().connection_made(transport)
         self.heard = self.server.loop.time()
         self._schedule()
+        if self.resume is not None:
+            resume, self.resume = self.resume, None
+            try:
+                self.server.handler.on_adopt(self.name, resume)
+            except Exception:
+                log.exception("tcp handler failed adopting %s", self.name)
+                self.close()
+                return
+            self._feed_buffered()
 
     def data_received(self, data: bytes) -> None:
         self.heard = self.server.loop.time()
@@ -176,7 +194,15 @@ class _Conn(BaseConn):
     def _feed(self, data: bytes) -> None:
         self.codec.receive_data(data)
         self.switched = False
-        self._run(self.codec.next_events())
+        self._feed_buffered()
+
+    def _feed_buffered(self) -> None:
+        # (next_events stops after a SUB, which may hand this connection over)
+        while not (self.closed or self.switched or self.handing):
+            events = self.codec.next_events()
+            if not events:
+                return
+            self._run(events)
 
     def _run(self, events: list[Any]) -> None:
         """Handle `events` in order; while the auth server is asked, they wait."""
@@ -228,10 +254,58 @@ class _Conn(BaseConn):
             case Pub(topic=topic) | Mpub(topic=topic) | Dpub(topic=topic) | Sub(topic=topic):
                 if self.server.auth is not None and not self._authorized(event, topic):
                     return
+                if type(event) is Sub and self._offer(event):
+                    return
         try:
             self.server.handler.on_command(self.name, None, event)
         except Exception:  # a broken handler must not take the listener down
             log.exception("tcp handler failed on %s from %s", type(event).__name__, self.name)
+
+    # -- hand-off of a subscribed connection (transport.nsq.handoff) -------------------
+
+    def _offer(self, sub: Sub) -> bool:
+        """Offer the connection to the process that holds `sub`'s channel: only a plain
+        one (TLS, compression and AUTH stay with this loop, which keeps their state).
+        True: the handler took the offer; reading pauses until :meth:`hand_off`."""
+        server = self.server
+        if (server.handoff is None or server.auth is not None or self.codec.tls
+                or self.compress is not None or self.held is not None
+                or self.transport is None):
+            return False
+        offer = getattr(server.handler, "on_handoff", None)
+        if offer is None or not offer(self.name, sub):
+            return False
+        self.handing = sub
+        self.transport.pause_reading()
+        return True
+
+    def hand_off(self, index: int, state: dict[str, Any]) -> None:
+        """On the loop: send this connection to receiver `index` once everything written
+        to it has left (its OKs come before the new owner's), with `state` (the client
+        actor's part) and the decoder's; if that fails, serve the SUB here after all."""
+        sub, transport = self.handing, self.transport
+        if self.closed or sub is None or transport is None:
+            return
+        if transport.get_write_buffer_size():
+            self.server.loop.call_later(0.002, self.hand_off, index, state)
+            return
+        buffered = self.codec.take_buffered()
+        full = {**state, "settings": asdict(self.codec.settings), "buffered": buffered,
+                "topic": sub.topic, "channel": sub.channel}
+        sock = transport.get_extra_info("socket")
+        assert self.server.handoff is not None
+        if sock is not None and self.server.handoff.send(index, sock.fileno(), full):
+            transport.abort()  # this process's descriptor: the connection lives on there
+            return
+        self.handing = None
+        if buffered:
+            self.codec.receive_data(buffered)
+        try:
+            self.server.handler.on_command(self.name, None, sub)
+        except Exception:
+            log.exception("tcp handler failed on SUB from %s", self.name)
+        transport.resume_reading()
+        self._feed_buffered()
 
     # -- AUTH ----------------------------------------------------------------------------
 
@@ -456,7 +530,7 @@ class LoopServer:
     connection (made by ``make_conn``); the handler hears ``on_close(session)``, and
     any thread may :meth:`send` to a session or :meth:`drop` it."""
 
-    def __init__(self, host: str, port: int, handler: Any,
+    def __init__(self, host: str | None, port: int, handler: Any,
                  make_conn: Any, *, thread_name: str = "tcp-server") -> None:
         self.host = host
         self.port = port
@@ -468,16 +542,18 @@ class LoopServer:
         self._server: asyncio.base_events.Server | None = None
         self._thread: threading.Thread | None = None
         # Writes and drops from other threads, in order; one loop wake-up per burst
-        self._out: list[tuple[BaseConn, bytes | None]] = []
+        self._out: list[tuple[BaseConn, Any]] = []  # bytes, None (close), tuple (hand-off)
         self._out_lock = threading.Lock()
         self._out_scheduled = False
 
     def start(self) -> int:
-        """Bind and serve; returns the bound port."""
-        self._server = self.loop.run_until_complete(
-            self.loop.create_server(lambda: self.make_conn(self), self.host, self.port,
-                                    reuse_address=True, backlog=1024))
-        self.port = self._server.sockets[0].getsockname()[1]
+        """Bind and serve; returns the bound port.  (With no host, nothing is bound: the
+        loop serves only connections handed to it, :meth:`adopt`.)"""
+        if self.host is not None:
+            self._server = self.loop.run_until_complete(
+                self.loop.create_server(lambda: self.make_conn(self), self.host, self.port,
+                                        reuse_address=True, backlog=1024))
+            self.port = self._server.sockets[0].getsockname()[1]
         self._thread = threading.Thread(target=self.loop.run_forever, name=self.thread_name,
                                         daemon=True)
         self._thread.start()
@@ -489,11 +565,12 @@ class LoopServer:
             return
 
         async def _shutdown() -> None:
-            assert self._server is not None
-            self._server.close()
+            if self._server is not None:
+                self._server.close()
             for conn in list(self.conns.values()):
                 conn.close()
-            await self._server.wait_closed()
+            if self._server is not None:
+                await self._server.wait_closed()
             await self._close_resources()
 
         try:
@@ -513,10 +590,11 @@ class LoopServer:
         if conn is not None:
             self._post(conn, data)
 
-    def _post(self, conn: BaseConn, data: bytes | None) -> None:
-        """Queue a write (``None``: a close) for the loop; wake it only if no wake-up is
-        already pending (the self-pipe write of ``call_soon_threadsafe`` was a tenth of
-        the gateway's dispatcher under load, one per delivery batch and answer)."""
+    def _post(self, conn: BaseConn, data: Any) -> None:
+        """Queue a write (``None``: a close; a tuple: a hand-off) for the loop; wake it
+        only if no wake-up is already pending (the self-pipe write of
+        ``call_soon_threadsafe`` was a tenth of the gateway's dispatcher under load, one
+        per delivery batch and answer)."""
         with self._out_lock:
             self._out.append((conn, data))
             if self._out_scheduled:
@@ -537,7 +615,7 @@ class LoopServer:
         parts: list[bytes] = []
         last: BaseConn | None = None
         for conn, data in out:
-            if parts and (conn is not last or data is None):
+            if parts and (conn is not last or type(data) is not bytes):
                 _write_parts(last, parts)
                 parts = []
             last = conn
@@ -546,6 +624,12 @@ class LoopServer:
                     conn.close()
                 except Exception:
                     log.exception("tcp close of %s failed", getattr(conn, "name", "?"))
+            elif type(data) is tuple:  # a hand-off, after the writes before it
+                try:
+                    conn.hand_off(*data)  # type: ignore[attr-defined]
+                except Exception:
+                    log.exception("hand-off of %s failed", getattr(conn, "name", "?"))
+                    conn.close()
             else:
                 parts.append(data)
         if parts:
@@ -568,6 +652,13 @@ class LoopServer:
         conn = self.conns.get(session)
         return dict(getattr(conn, "details", None) or {})
 
+    def hand_off(self, session: str, index: int, state: dict[str, Any]) -> None:
+        """From any thread, after the writes queued before it: hand the connection that
+        offered itself (its SUB, ``handler.on_handoff``) to receiver `index`."""
+        conn = self.conns.get(session)
+        if conn is not None:
+            self._post(conn, (index, state))
+
     def drop(self, session: str) -> None:
         conn = self.conns.get(session)
         if conn is not None:
@@ -580,16 +671,37 @@ class LoopServer:
 class TcpServer(LoopServer):
     """NSQ TCP V2's listener: see the module docstring."""
 
-    def __init__(self, host: str, port: int, handler: Handler, *, limits: Limits,
+    def __init__(self, host: str | None, port: int, handler: Handler, *, limits: Limits,
                  info: ServerInfo | None = None, ssl_context: ssl.SSLContext | None = None,
-                 tls_required: bool = False, auth: AuthServers | None = None) -> None:
+                 tls_required: bool = False, auth: AuthServers | None = None,
+                 handoff: Sender | None = None) -> None:
         super().__init__(host, port, handler, _Conn)
         self.limits = limits
         self.info = info or ServerInfo()
         self.ssl_context = ssl_context
         self.tls_required = tls_required
         self.auth = auth
+        self.handoff = handoff
+        self._receiver: Receiver | None = None
         self._http: Any = None
+
+    def adopt_from(self, receiver: Receiver) -> None:
+        """Serve the connections other processes hand over through `receiver` (after
+        :meth:`start`); it is closed with the server."""
+        self._receiver = receiver
+        self.loop.call_soon_threadsafe(self.loop.add_reader, receiver.fileno(), self._adopt)
+
+    def _adopt(self) -> None:
+        assert self._receiver is not None
+        for sock, state in self._receiver.receive():
+            self.loop.create_task(self._adopt_one(sock, state))
+
+    async def _adopt_one(self, sock: Any, state: dict[str, Any]) -> None:
+        try:
+            await self.loop.connect_accepted_socket(lambda: _Conn(self, state), sock)
+        except Exception as e:  # the client went meanwhile, or the state is not ours
+            log.info("tcp: a handed-over connection could not be adopted: %s", e)
+            sock.close()
 
     def http_session(self) -> Any:
         """The loop's HTTP client (for the auth servers), made on first use."""
@@ -600,6 +712,10 @@ class TcpServer(LoopServer):
         return self._http
 
     async def _close_resources(self) -> None:
+        if self._receiver is not None:
+            self.loop.remove_reader(self._receiver.fileno())
+            self._receiver.close()
+            self._receiver = None
         if self._http is not None:
             await self._http.close()
             self._http = None

@@ -1,0 +1,122 @@
+"""A plain NSQ TCP connection that subscribes is handed to the worker that holds its channel
+(docs/ARCHITECTURE.md, "Subscribed connections"): the client sees the same protocol, in
+the same order; a connection the gateway cannot hand over stays there, working."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from actors.broker import Broker
+from actors.broker.options import run_dir_for
+from actors.runtime.placement import Placement
+from tests.broker.conftest import broker_options
+from tests.broker.test_broker_actors import wait_for
+from tests.broker.tls_kit import Client
+from transport.nsq.client_codec import Response
+from transport.protocol import commands as pc
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture
+def broker(tmp_path) -> Iterator[Broker]:
+    b = Broker(broker_options(tmp_path / "data", workers=2)).start()
+    yield b
+    b.stop()
+
+
+def _stats(broker: Broker) -> dict:
+    url = f"http://127.0.0.1:{broker.http_port}/stats?format=json"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.load(r)
+
+
+def _clients(broker: Broker) -> dict[str, str]:
+    """Client actor name -> its node."""
+    return {a.name: a.node for a in broker.supervisor.actors() if a.name.startswith("client:")}
+
+
+def test_a_subscribed_connection_is_served_by_its_channels_worker_in_order(broker):
+    topic = "handed"
+    worker = Placement(2).node_for(f"topic:{topic}")
+    c = Client(broker.tcp_address)
+    try:
+        c.identify(user_agent="handoff-test/1", msg_timeout=1000)
+        # A publish, then the SUB and a RDY, in one write: the PUB's OK comes from the
+        # gateway before the SUB's from the worker, and the message after both.
+        c.sock.sendall(c.codec.send(pc.Pub(topic, b"before"))
+                       + c.codec.send(pc.Sub(topic, "c")) + c.codec.send(pc.Rdy(10)))
+        assert c.frames(2) == [Response(b"OK"), Response(b"OK")]
+        (first,) = c.frames(1)
+        assert first.body == b"before"
+        names = _clients(broker)
+        assert list(names.values()) == [worker], names
+        assert next(iter(names)).startswith(f"client:w{worker.rpartition('-')[2]}.")
+        stats = _stats(broker)
+        (channel,) = stats["topics"][0]["channels"]
+        (client,) = channel["clients"]
+        assert client["user_agent"] == "handoff-test/1"
+        assert client["remote_address"] == "{}:{}".format(*c.sock.getsockname())
+        # what the connection published before it was handed over still counts
+        (producer,) = stats["producers"]
+        assert producer["pub_counts"] == [{"topic": topic, "count": 1}]
+        broker.publish(topic, [b"after"])
+        (second,) = c.frames(1)
+        assert second.body == b"after"
+        c.send(pc.Fin((first.id,)))
+        c.send(pc.Fin((second.id,)))
+        wait_for(lambda: broker.topic_stats(topic)["channels"][0]["in_flight_count"] == 0,
+                 what="both finished on the worker")
+        # the msg_timeout IDENTIFY asked for came along: an unFINed message times out
+        broker.publish(topic, [b"late"])
+        (late,) = c.frames(1)
+        (again,) = c.frames(1)  # redelivered after 1 s
+        assert again.id == late.id
+        assert again.attempts == 2
+        c.send(pc.Fin((again.id,)))
+        c.send(pc.Cls())
+        assert c.frames(1) == [Response(b"CLOSE_WAIT")]
+    finally:
+        c.close()
+    wait_for(lambda: not _clients(broker), what="the worker's client actor to stop")
+    assert broker.topic_stats(topic)["channels"][0]["client_count"] == 0
+
+
+def test_a_connection_that_cannot_be_handed_over_stays_on_the_gateway(broker):
+    for path in glob.glob(os.path.join(run_dir_for(broker.options.data_path), "handoff-*")):
+        os.unlink(path)  # as if every worker were restarting
+    c = Client(broker.tcp_address)
+    try:
+        c.send(pc.Sub("stays", "c"))
+        assert c.frames(1) == [Response(b"OK")]
+        c.send(pc.Rdy(1))
+        broker.publish("stays", [b"m"])
+        (m,) = c.frames(1)
+        assert m.body == b"m"
+        assert list(_clients(broker).values()) == ["gateway"]
+        c.send(pc.Fin((m.id,)))
+        wait_for(lambda: broker.topic_stats("stays")["channels"][0]["in_flight_count"] == 0,
+                 what="finished on the gateway")
+    finally:
+        c.close()
+
+
+def test_a_bad_sub_is_refused_by_the_worker_as_the_gateway_would(broker):
+    c = Client(broker.tcp_address)
+    try:
+        c.send(pc.Sub("fine", "c"))
+        assert c.frames(1) == [Response(b"OK")]
+        c.send(pc.Sub("fine", "d"))  # twice: nsqd's fatal state error, then the close
+        (error,) = c.frames(1)
+        assert "E_INVALID" in str(error)
+        assert "cannot SUB in current state" in str(error)
+        assert c.closed_by_peer()
+    finally:
+        c.close()
+    wait_for(lambda: not _clients(broker), what="the client actor to stop")

@@ -1,0 +1,183 @@
+"""Handing a subscribed NSQ TCP connection from one loop to another (transport.nsq.handoff):
+the socket, the decoder's state and the bytes after the SUB arrive whole; a hand-off that
+cannot be sent leaves the connection where it was, working."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+
+import pytest
+
+from transport.nsq.codec import ServerConnection
+from transport.nsq.handoff import Receiver, Sender, socket_path
+from transport.nsq.server import TcpServer
+from transport.protocol import commands as pc
+from transport.protocol.identify import IdentifySettings
+from transport.protocol.validation import Limits, ProtocolError
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_the_decoder_stops_after_a_sub_and_hands_over_what_follows_it():
+    limits = Limits()
+    codec = ServerConnection(limits)
+    codec.receive_data(b"  V2SUB t c\nRDY 5\nFIN 0123456789abcdef\n")
+    events = codec.next_events()
+    assert events == [pc.Sub("t", "c")]  # the rest waits
+    rest = codec.take_buffered()
+    assert rest == b"RDY 5\nFIN 0123456789abcdef\n"
+    assert codec.next_events() == []
+
+    settings = IdentifySettings(heartbeat_interval=5000, msg_timeout=30_000, user_agent="x")
+    resumed = ServerConnection.resumed(limits, codec.server, settings, rest)
+    assert resumed.settings == settings
+    assert resumed.next_events() == [pc.Rdy(5), pc.Fin((b"0123456789abcdef",))]
+    resumed.receive_data(b"SUB t d\n")  # subscribed already: nsqd's state error, fatal
+    (error,) = resumed.next_events()
+    assert isinstance(error, ProtocolError)
+    assert "cannot SUB in current state" in str(error)
+
+
+def test_a_socket_and_its_state_travel_in_one_datagram(tmp_path):
+    receiver = Receiver(socket_path(str(tmp_path), 0))
+    sender = Sender([receiver.path, str(tmp_path / "nobody.sock")])
+    a, b = socket.socketpair()
+    try:
+        assert sender.send(0, a.fileno(), {"topic": "t", "buffered": b"RDY 1\n"})
+        assert not sender.send(1, a.fileno(), {})  # no receiver there: refused at once
+        assert not sender.send(7, a.fileno(), {})  # no such receiver
+        ((sock, state),) = receiver.receive()
+        assert state == {"topic": "t", "buffered": b"RDY 1\n"}
+        a.close()  # the sender's descriptor goes; the connection lives on in the copy
+        sock.sendall(b"still here")
+        assert b.recv(100) == b"still here"
+        sock.close()
+        assert receiver.receive() == []
+    finally:
+        b.close()
+        sender.close()
+        receiver.close()
+
+
+class Handler:
+    """Records what a loop hands the broker; ``offer`` says whether SUBs are handed over."""
+
+    def __init__(self, offer: bool) -> None:
+        self.offer = offer
+        self.server: TcpServer | None = None
+        self.commands: list = []
+        self.adopted: list = []
+        self.closed: list[str] = []
+        self.event = threading.Event()
+
+    def on_command(self, session, corr, command) -> None:
+        self.commands.append(command)
+        self.event.set()
+
+    def on_handoff(self, session, sub) -> bool:
+        if self.offer:
+            assert self.server is not None
+            self.server.hand_off(session, 0, {"who": "actor", "sub": [sub.topic, sub.channel]})
+        return self.offer
+
+    def on_adopt(self, session, state) -> None:
+        self.adopted.append((session, state))
+        self.server.send(session, struct.pack(">ii", 6, 0) + b"OK")  # what SUB's owner says
+
+    def on_close(self, session) -> None:
+        self.closed.append(session)
+        self.event.set()
+
+    def on_heartbeat(self, session) -> None:
+        pass
+
+
+def _wait(predicate, what: str) -> None:
+    for _ in range(500):
+        if predicate():
+            return
+        threading.Event().wait(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _frames(sock: socket.socket, n: int) -> list[bytes]:
+    data, out = b"", []
+    while len(out) < n:
+        while len(data) < 4 or len(data) < 4 + struct.unpack(">i", data[:4])[0]:
+            more = sock.recv(65536)
+            assert more, "closed"
+            data += more
+        size = struct.unpack(">i", data[:4])[0]
+        out.append(data[8:4 + size])
+        data = data[4 + size:]
+    return out
+
+
+@pytest.fixture
+def loops(tmp_path):
+    """A gateway loop (listening, handing SUBs to receiver 0) and a worker loop
+    (adopting from receiver 0)."""
+    gateway_handler, worker_handler = Handler(offer=True), Handler(offer=False)
+    receiver = Receiver(socket_path(str(tmp_path), 0))
+    sender = Sender([receiver.path])
+    gateway = TcpServer("127.0.0.1", 0, gateway_handler, limits=Limits(), handoff=sender)
+    worker = TcpServer(None, 0, worker_handler, limits=Limits())
+    gateway_handler.server, worker_handler.server = gateway, worker
+    port = gateway.start()
+    worker.start()
+    worker.adopt_from(receiver)
+    yield port, gateway, gateway_handler, worker, worker_handler, receiver
+    gateway.stop()
+    worker.stop()
+    sender.close()
+
+
+def test_a_subscribed_connection_moves_with_its_settings_and_the_bytes_after_its_sub(loops):
+    port, gateway, gw, worker, wk, _receiver = loops
+    client = socket.create_connection(("127.0.0.1", port), timeout=10)
+    try:
+        identify = b'{"heartbeat_interval": 7000, "user_agent": "test/1"}'
+        client.sendall(b"  V2IDENTIFY\n" + struct.pack(">i", len(identify)) + identify
+                       + b"PUB t\n" + struct.pack(">i", 3) + b"abc"
+                       + b"SUB t c\nRDY 3\nNOP\n")
+        assert _frames(client, 1)  # IDENTIFY's answer, from the gateway's loop
+        _wait(lambda: wk.adopted and gw.closed, "the hand-off")
+        assert [type(c) for c in gw.commands] == [pc.Identify, pc.Pub]  # not the SUB
+        ((session, state),) = wk.adopted
+        assert state["who"] == "actor"
+        assert state["sub"] == ["t", "c"]
+        assert state["topic"] == "t"
+        assert state["channel"] == "c"
+        assert state["settings"]["heartbeat_interval"] == 7000
+        assert state["settings"]["user_agent"] == "test/1"
+        assert gateway.sessions() == 0
+        assert worker.sessions() == 1
+        _wait(lambda: wk.commands, "the RDY after the SUB, on the worker's loop")
+        assert wk.commands == [pc.Rdy(3)]
+        assert _frames(client, 1) == [b"OK"]  # written by the worker's loop
+        worker.send(session, struct.pack(">ii", 6, 0) + b"hi")
+        assert _frames(client, 1) == [b"hi"]
+        client.sendall(b"FIN 0123456789abcdef\n")
+        _wait(lambda: len(wk.commands) == 2, "the FIN")
+        assert wk.commands[1] == pc.Fin((b"0123456789abcdef",))
+        assert worker.peer(session).startswith("127.0.0.1:")
+    finally:
+        client.close()
+    _wait(lambda: wk.closed, "the worker hearing the close")
+
+
+def test_a_hand_off_that_cannot_be_sent_leaves_the_connection_with_the_gateway(loops):
+    port, gateway, gw, _worker, wk, receiver = loops
+    receiver.close()  # the worker is away (restarting): nobody receives
+    client = socket.create_connection(("127.0.0.1", port), timeout=10)
+    try:
+        client.sendall(b"  V2SUB t c\nRDY 2\n")
+        _wait(lambda: len(gw.commands) == 2, "the SUB and RDY on the gateway")
+        assert gw.commands == [pc.Sub("t", "c"), pc.Rdy(2)]
+        assert not wk.adopted
+        assert not gw.closed
+        assert gateway.sessions() == 1
+    finally:
+        client.close()
