@@ -2,7 +2,8 @@
 
     python -m bench.nsq_clients_bench [--rounds 3] [--runfor 5] [--sizes 100,1024]
                                       [--brokers nsqd,ours] [--batch-size 200]
-                                      [--mem-queue-size N] [--bin ../shared/nsq/bin]
+                                      [--mem-queue-size N] [--sync-every N]
+                                      [--bin ../shared/nsq/bin]
 
 ``--brokers`` also takes ``ours@/path/to/checkout`` to run another build of
 ours beside this one (its tree on ``PYTHONPATH``), e.g. the build before a change.
@@ -140,8 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mem-queue-size", type=int, default=None,
                     help="passed to both brokers (0: every message through the disk queue)")
     ap.add_argument("--bin", default=BIN_DEFAULT, help="where nsqd and the bench tools are")
+    ap.add_argument("--sync-every", type=int, default=None,
+                    help="passed to both brokers (1: fsync before every answer; with "
+                         "--mem-queue-size 0, fully durable)")
     args = ap.parse_args(argv)
     extra = [] if args.mem_queue_size is None else [f"--mem-queue-size={args.mem_queue_size}"]
+    extra += [] if args.sync_every is None else [f"--sync-every={args.sync_every}"]
     brokers = args.brokers.split(",")
     cases = args.cases.split(",")
     print(f"nsq_clients_bench: {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M')}, "

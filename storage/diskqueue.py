@@ -175,6 +175,7 @@ class DiskQueue:
         # ring of recent frames: slot seq % size -> (seq, position, payload | [payloads], end)
         self._ring: list[tuple[int, int, Any, int] | None] = [None] * ring_size
         self._ring_size = ring_size
+        self._clock = clock
         self._cache = ChunkCache(low_watermark=cache_low_watermark,
                                  high_watermark=cache_high_watermark,
                                  idle_seconds=cache_idle_seconds, probe=memory_probe,
@@ -196,6 +197,7 @@ class DiskQueue:
         self._pending: set[int] = set()
         self._acked_early: set[int] = set()
         self._read_mark = self._meta_read = 0  # see `read_before` (set by `_recover`)
+        self._meta_time = -float("inf")  # when a sync last wrote the metadata (`_write_meta`)
         self._skip: set[int] = set()
         self._journal_fd = -1
         self._journal_entries = 0
@@ -876,15 +878,27 @@ class DiskQueue:
                 return state
         return state
 
-    def _write_meta(self, *, force: bool = False) -> None:
+    def _write_meta(self, *, force: bool = False, lazy: bool = True) -> None:
         """Persist the read position (ack mode: the floor, and how far reads went) if it
-        moved (meta lock held)."""
+        moved (meta lock held).
+
+        In ack mode a sync writes it at most once per `sync_timeout`: the ack journal,
+        fsynced at every sync, already holds every ack past the floor last written, and
+        a reopen skips them, so an older floor costs a reopen a longer scan, never a
+        duplicate.  (An atomic rewrite is two fsyncs: at ``sync_every=1`` with a consumer
+        acking, most of each sync's cost.)  The timed sync (`lazy=False`) writes it
+        whenever it moved, so it is never more than about two `sync_timeout` behind;
+        compacting the journal and closing force it."""
         state = self._floor()
         if state == self._meta_state and not force and (
                 not self.ack_mode or self._read_reach() == self._meta_read):
             return
+        now = self._clock()
+        if lazy and self.ack_mode and not force and now - self._meta_time < self._sync_timeout:
+            return
         self._put_meta(state)
         self._meta_state = state
+        self._meta_time = now
 
     def _read_reach(self) -> int:
         """How far reads went, for the metadata: this life's, or an earlier life's mark
@@ -926,7 +940,7 @@ class DiskQueue:
                 raise QueueClosedError(f"queue {self.name} is closed")
             self._sync_locked()
 
-    def _sync_locked(self, *, force_meta: bool = False) -> None:
+    def _sync_locked(self, *, force_meta: bool = False, lazy_meta: bool = True) -> None:
         assert self._writer is not None
         if self.failed:
             raise DiskFailedError(self._failure())
@@ -935,7 +949,7 @@ class DiskQueue:
         except OSError as e:
             raise self._fail("fdatasync of the write chunk", e) from e
         with self._metalock:
-            self._write_meta(force=force_meta)
+            self._write_meta(force=force_meta, lazy=lazy_meta)
             try:
                 if self._journal_fd >= 0:
                     os.fsync(self._journal_fd)
@@ -965,7 +979,7 @@ class DiskQueue:
                 self._cache.maintain()  # idle chunks go even when nobody reads
         with self._wlock:
             if self._writer is not None and not self.failed:
-                self._sync_locked()
+                self._sync_locked(lazy_meta=False)
 
     def empty(self) -> None:
         """Discard every message (and, in ack mode, every pending one): go-diskqueue Empty."""

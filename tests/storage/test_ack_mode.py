@@ -239,3 +239,42 @@ def test_reads_after_the_last_metadata_write_are_not_known_after_a_crash(open_qu
     q2 = open_queue("q", ack_mode=True)
     assert [(m, q2.read_before(p)) for p, m in q2.read_many(10)] == [
         (b"a", True), (b"b", False)]
+
+
+def test_syncs_rewrite_the_metadata_once_per_sync_timeout_and_a_crash_still_skips_every_ack(
+        open_queue, clock, syncer, monkeypatch):
+    writes: list[dict] = []
+    real = dq_mod.write_json
+    monkeypatch.setattr(dq_mod, "write_json", lambda path, obj: (writes.append(obj),
+                                                                 real(path, obj)))
+    q = open_queue(ack_mode=True, sync_every=1, sync_timeout=2.0)
+
+    def step(body: bytes, *, ack: bool = True) -> None:
+        q.put(body)  # (syncs: sync_every=1)
+        ((pos, _),) = q.read_many(1)
+        if ack:
+            q.ack(pos)
+        q.sync()
+        clock.advance(0.1)
+
+    # Given a queue that syncs after every put, with a consumer acking as it goes
+    step(b"m0")
+    written = len(writes)
+    for i in range(1, 10):
+        step(b"m%d" % i, ack=i != 5)
+    # Then its 18 syncs within sync_timeout of the first did not rewrite the metadata
+    assert len(writes) == written
+    # And the timed sync records the floor as it is now
+    syncer.fire()
+    assert len(writes) == written + 1
+    # And a sync a sync_timeout later writes it again
+    clock.advance(2.0)
+    step(b"m10")
+    assert len(writes) == written + 2
+    # When the queue "crashes" (no close) after more acks that no metadata records
+    step(b"m11")
+    step(b"m12", ack=False)
+    assert len(writes) == written + 2
+    q2 = open_queue("q", ack_mode=True)
+    # Then exactly the unacked messages come back: the journal covers the older floor
+    assert [m for _, m in q2.read_many(100)] == [b"m5", b"m12"]
