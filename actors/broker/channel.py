@@ -42,6 +42,7 @@ from actors.broker.diskqueue import (
 from actors.broker.errors import BrokerError
 from actors.broker.messages import (
     ChannelCommand,
+    ChannelConfig,
     ChannelGone,
     ChannelPut,
     ChannelPutDeferred,
@@ -66,6 +67,7 @@ from actors.broker.nsq_message import is_ephemeral
 from actors.broker.options import BrokerOptions
 from actors.runtime.actor import Actor
 from actors.runtime.placement import Placement
+from transport.http.webhook import webhook_for
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +98,8 @@ class ChannelActor(Actor):
         self.put_confirms: list[tuple[str, int]] = []
         self.defer_confirms: list[tuple[str, int]] = []
         self.swept = False  # registered with the scanner (it has work to expire)
+        self.alarm_depth = options.backlog_alarm_depth  # (the topic's, by ChannelConfig)
+        self.alarm = False  # the backlog alarm is firing: depth >= alarm_depth > 0
         self.pass_due = False  # messages of this run changed the state: pass at its end
 
     def _new_state(self) -> ChannelState:
@@ -188,6 +192,10 @@ class ChannelActor(Actor):
                 return None
             case ChannelCommand(command=command):
                 return self._command(command)
+            case ChannelConfig(backlog_alarm_depth=depth):
+                self.alarm_depth = depth
+                self._check_alarm()
+                return None
             case ChannelStats(include_clients=include_clients):
                 return self._stats(include_clients)
             case _:
@@ -224,6 +232,9 @@ class ChannelActor(Actor):
             self._apply(s.take_effects())
             self.tell(self.dq, DqEmpty())
         elif command == "delete":
+            if self.alarm:  # a deleted channel has no backlog: say so once
+                self.alarm_depth = 0
+                self._check_alarm()
             self.deleted = True
             for client in list(s.clients):
                 self.tell(client, ClientError(("E_INVALID", f"channel {self.key} was deleted",
@@ -260,6 +271,29 @@ class ChannelActor(Actor):
         if not self.swept and (s.in_flight or s.deferred):
             self.swept = True  # until a Scan finds it idle again
             self.tell(scanner_for(self.topic, self.options.workers), ScanRegister(self.key))
+        if self.alarm_depth or self.alarm:
+            self._check_alarm()
+
+    def _check_alarm(self) -> None:
+        """The backlog alarm (EQueue's): it fires when the depth reaches `alarm_depth`
+        and clears when it falls below; each change is logged once and, with
+        ``--backlog-alarm-webhook``, POSTed (transport.http.webhook, never waited for)."""
+        depth = self.state.depth()
+        firing = bool(self.alarm_depth) and depth >= self.alarm_depth
+        if firing == self.alarm:
+            return
+        self.alarm = firing
+        if firing:
+            log.warning("%s: backlog alarm: depth %d reached %d", self.name, depth,
+                        self.alarm_depth)
+        else:
+            log.info("%s: backlog alarm cleared: depth %d (alarm at %s)", self.name, depth,
+                     self.alarm_depth or "off")
+        url = self.options.backlog_alarm_webhook
+        if url:
+            webhook_for(url).post({"topic": self.topic, "channel": self.channel,
+                                   "depth": depth, "threshold": self.alarm_depth,
+                                   "alarm": firing, "ts": self.clock()})
 
     def _apply(self, fx: Effects) -> None:
         dq = self.dq
@@ -296,6 +330,8 @@ class ChannelActor(Actor):
             "dropped_count": s.stats.dropped_count,
             "client_count": len(s.clients),
             "paused": s.paused,
+            "backlog_alarm": self.alarm,
+            "backlog_alarm_depth": self.alarm_depth,
         }
         if include_clients:
             out["clients"] = s.client_stats()

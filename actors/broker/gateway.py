@@ -42,7 +42,7 @@ from actors.broker.client import (
     ClientTick,
     ClientTouch,
 )
-from actors.broker.messages import Alive, Publish, TopicCommand, TopicStats
+from actors.broker.messages import Alive, Publish, TopicCommand, TopicConfig, TopicStats
 from actors.broker.options import BrokerOptions, run_dir_for
 from actors.runtime.actor import Actor, current_endpoint
 from actors.runtime.control import ControlClient
@@ -111,6 +111,12 @@ class GatewayFacade:
         if command not in _COMMANDS:
             raise ProtocolError("E_INVALID", f"unknown topic command {command}")
         _raise(self._ask(f"topic:{topic}", TopicCommand(_COMMANDS[command], channel)))
+
+    def topic_config(self, topic: str, values: dict[str, Any] | None) -> dict[str, Any]:
+        reply = self._ask(f"topic:{topic}", TopicConfig(values))
+        if isinstance(reply, tuple):
+            _raise(reply)
+        return dict(reply)
 
     def _topic_actors(self) -> list[str]:
         """Names of the topic actors on every worker (some may be names only: asked

@@ -211,6 +211,27 @@ class ChannelUp:
 
 @message
 @dataclass(frozen=True)
+class ChannelConfig:
+    """The topic's settings for its channels, told after each `ChannelUp` and on every
+    change: the depth at which a channel's backlog alarm fires (0: off)."""
+
+    backlog_alarm_depth: int
+
+
+@message
+@dataclass(frozen=True)
+class TopicConfig:
+    """Ask: set the topic's own settings (`values`: ``backlog_alarm_depth`` as an int
+    >= 0, or None to go back to the broker's default), kept in its metadata file; with
+    no values, only read them.  Reply: ``{"topic", "backlog_alarm_depth", "default"}``
+    (the effective value and whether it is the broker's default), or a
+    `BrokerError.to_wire()` tuple (``E_TOPIC_NOT_FOUND``)."""
+
+    values: dict[str, Any] | None = None
+
+
+@message
+@dataclass(frozen=True)
 class ChannelGone:
     """An #ephemeral channel lost its last client: delete it."""
 

@@ -163,6 +163,11 @@ class BrokerOptions:
         75.0, "float", "used-memory percent above which no chunk is cached"
     )
     max_attempts: int = opt(0, "int", "deliveries before a message is dead-lettered (0: off)")
+    backlog_alarm_depth: int = opt(
+        0, "int", "channel depth at which its backlog alarm fires (0: off; per topic: "
+        "POST /topic/config?topic=T&backlog_alarm_depth=N)")
+    backlog_alarm_webhook: str = opt(
+        "", "str", "URL each backlog alarm's firing and clearing is POSTed to (JSON)")
     dead_letter_topic: str = opt("", "str", 'dead-letter topic (default: "<topic>.dead")')
     shutdown_timeout: float = opt(10.0, "duration", "longest orderly shutdown")
     debug_hooks: bool = opt(False, "bool", "enable debug-only operations (chaos tests)")
@@ -339,6 +344,12 @@ def _validate(o: BrokerOptions) -> None:
         raise fail(
             "max_attempts", f"must be in [0, {MAX_ATTEMPTS}] (0: off), got {o.max_attempts}"
         )
+    if o.backlog_alarm_depth < 0:
+        raise fail("backlog_alarm_depth", f"must be >= 0 (0: off), got {o.backlog_alarm_depth}")
+    if o.backlog_alarm_webhook and not o.backlog_alarm_webhook.startswith(
+            ("http://", "https://")):
+        raise fail("backlog_alarm_webhook",
+                   f"must be an http:// or https:// URL, got {o.backlog_alarm_webhook!r}")
     if o.dead_letter_topic and not is_valid_topic_name(o.dead_letter_topic):
         raise fail("dead_letter_topic", f"{o.dead_letter_topic!r} is not a valid topic name")
 

@@ -66,6 +66,7 @@ from actors.broker.lookup import ChannelsOf, announce, lookup_names
 from actors.broker.messages import (
     GATHER_MAX,
     ChannelCommand,
+    ChannelConfig,
     ChannelGone,
     ChannelPut,
     ChannelPutDeferred,
@@ -76,6 +77,7 @@ from actors.broker.messages import (
     PublishEncoded,
     Stored,
     TopicCommand,
+    TopicConfig,
     TopicStats,
 )
 from actors.broker.nsq_message import (
@@ -133,6 +135,21 @@ def _delayed_entries(items: list[tuple[bytes, int]]) -> list[tuple[int, bytes, b
     return [(due, m[10:26], m) for m, due in items]
 
 
+def _checked_config(config: dict[str, Any], *, strict: bool = False) -> dict[str, Any]:
+    """A topic's settings as kept in its metadata: known keys with good values (`strict`:
+    anything else is E_INVALID; otherwise, reading a file, it is dropped with a warning)."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        good = key == "backlog_alarm_depth" and type(value) is int and value >= 0
+        if good:
+            out[key] = value
+        elif strict:
+            raise invalid(f"bad topic setting {key}={value!r}")
+        else:
+            log.warning("ignoring a bad topic setting in metadata: %s=%r", key, value)
+    return out
+
+
 class TopicActor(Actor):
     """See the module docstring."""
 
@@ -162,6 +179,7 @@ class TopicActor(Actor):
     def _reset(self) -> None:
         self.channels: dict[str, bool] = {}  # channel -> paused
         self.paused = False
+        self.config: dict[str, Any] = {}  # this topic's own settings (TopicConfig)
         self.memory: deque[bytes] = deque()
         self.deferred: list[tuple[bytes, int]] = []  # DPUB while there is no channel
         self.deferred_on_disk = False  # they are in the disk-queue actor's delayed store
@@ -182,6 +200,7 @@ class TopicActor(Actor):
         if meta is not None:
             self._mark_exists()
             self.paused = bool(meta.get("paused", False))
+            self.config = _checked_config(meta.get("config") or {})
             self.channels = {c: bool(v.get("paused", False))
                              for c, v in meta.get("channels", {}).items()
                              if is_valid_channel_name(c)}
@@ -238,9 +257,12 @@ class TopicActor(Actor):
             return
         os.makedirs(self.options.data_path, exist_ok=True)
         # (nsqd keeps ephemeral channels out of its metadata: they end with their clients)
-        meta = {"version": 1, "paused": self.paused,
-                "channels": {c: {"paused": p} for c, p in sorted(self.channels.items())
-                             if not is_ephemeral(c)}}
+        meta: dict[str, Any] = {
+            "version": 1, "paused": self.paused,
+            "channels": {c: {"paused": p} for c, p in sorted(self.channels.items())
+                         if not is_ephemeral(c)}}
+        if self.config:
+            meta["config"] = self.config
         write_atomic(self.meta_path, json.dumps(meta, sort_keys=True).encode() + b"\n")
 
     # ----------------------------------------------------------------- messages
@@ -297,11 +319,17 @@ class TopicActor(Actor):
                         return None  # a deleted channel's late start: it stays deleted
                     self._add_channel(channel)
                     self._write_meta()
+                self.tell(self._channel_name(channel), self._channel_config())
                 self._drain()
             case ChannelGone(channel=channel):
                 self._delete_channel(channel)
             case TopicCommand(command=command, arg=arg):
                 return self._guard(lambda: self._command(command, arg))
+            case TopicConfig(values=values):
+                try:
+                    return self._configure(values)
+                except BrokerError as e:
+                    return e.to_wire()
             case TopicStats(include_clients=include_clients, existing_only=existing_only):
                 if existing_only and not self.exists:
                     return None
@@ -586,6 +614,31 @@ class TopicActor(Actor):
             self._delete_topic()
         else:
             raise invalid(f"unknown topic command {command}")
+
+    def _channel_config(self) -> ChannelConfig:
+        depth = self.config.get("backlog_alarm_depth", self.options.backlog_alarm_depth)
+        return ChannelConfig(int(depth))
+
+    def _configure(self, values: dict[str, Any] | None) -> dict[str, Any]:
+        """TopicConfig: set (a value of None: back to the broker's default), then answer
+        the effective settings."""
+        if not self.exists:
+            raise BrokerError(f"topic {self.topic} not found", code="E_TOPIC_NOT_FOUND")
+        if values:
+            config = dict(self.config)
+            for key, value in values.items():
+                if value is None:
+                    config.pop(key, None)
+                else:
+                    config[key] = value
+            self.config = _checked_config(config, strict=True)
+            self._write_meta()
+            update = self._channel_config()
+            for channel in self.channels:
+                self.tell(self._channel_name(channel), update)
+        return {"topic": self.topic,
+                "backlog_alarm_depth": self._channel_config().backlog_alarm_depth,
+                "default": "backlog_alarm_depth" not in self.config}
 
     def _delete_channel(self, channel: str) -> None:
         if self.channels.pop(channel, None) is None:

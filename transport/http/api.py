@@ -106,6 +106,12 @@ class BrokerFacade(Protocol):
         """
         ...
 
+    def topic_config(self, topic: str, values: dict[str, Any] | None) -> dict[str, Any]:
+        """Set a topic's own settings (``backlog_alarm_depth``: an int >= 0, or None for
+        the broker's default) and answer the effective ones (``{"topic",
+        "backlog_alarm_depth", "default"}``).  Raises ``E_TOPIC_NOT_FOUND``."""
+        ...
+
     def stats(self, topic: str | None, channel: str | None,
               include_clients: bool) -> dict[str, Any]:
         """nsqd's stats: ``{"topics": [...], "start_time": int, "processes": [...],
@@ -385,6 +391,35 @@ def _command_handler(command: str, *, channel: bool) -> _Handler:
     return handler
 
 
+TOPIC_SETTINGS = ("backlog_alarm_depth",)
+"""What ``/topic/config`` sets: a decimal >= 0, or ``default`` (the broker's flag)."""
+
+
+def _setting(request: web.Request, key: str) -> int | None:
+    raw = request.query[key]
+    if raw == "default":
+        return None
+    if not raw.isdigit() or len(raw) > 18:
+        raise HttpError(400, f"INVALID_ARG_{key.upper()}")
+    return int(raw)
+
+
+async def _topic_config(request: web.Request) -> web.Response:
+    """``GET /topic/config?topic=T``: the topic's effective settings; ``POST`` with
+    ``backlog_alarm_depth=N`` (or ``default``) sets them, kept across restarts."""
+    topic = _topic_arg(request)
+    values = None
+    if request.method == "POST":
+        values = {key: _setting(request, key) for key in TOPIC_SETTINGS if key in request.query}
+        if not values:
+            raise HttpError(400, "MISSING_ARG_SETTING")
+    try:
+        reply = await call(request, request.app[FACADE].topic_config, topic, values)
+    except Exception as e:
+        raise _map_error(e, _COMMAND_ERRORS, request.path) from e
+    return v1(reply)
+
+
 _NO_E2E = {"count": 0, "percentiles": None}
 
 
@@ -466,6 +501,8 @@ def make_app(facade: BrokerFacade, limits: Limits | None = None, *,
     get("/info", _info)
     get("/stats", _stats)
     get("/metrics", _metrics)
+    get("/topic/config", _topic_config)
+    app.router.add_post("/topic/config", _topic_config)
     app.router.add_post("/pub", _pub)
     app.router.add_post("/mpub", _mpub)
     for command in ("create", "delete", "empty", "pause", "unpause"):
