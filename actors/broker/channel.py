@@ -39,6 +39,7 @@ from actors.broker.diskqueue import (
     DqUndefer,
     DqWriteFailed,
 )
+from actors.broker.e2e import E2E_SAMPLES, LatencyWindow
 from actors.broker.errors import BrokerError
 from actors.broker.messages import (
     ChannelCommand,
@@ -104,9 +105,14 @@ class ChannelActor(Actor):
 
     def _new_state(self) -> ChannelState:
         o = self.options
-        return ChannelState(mem_queue_size=o.mem_queue_size, durable=self.durable,
-                            max_rdy_count=o.max_rdy_count, max_attempts=o.max_attempts,
-                            rng=random.Random())
+        state = ChannelState(mem_queue_size=o.mem_queue_size, durable=self.durable,
+                             max_rdy_count=o.max_rdy_count, max_attempts=o.max_attempts,
+                             rng=random.Random())
+        if o.e2e_processing_latency_percentile:  # (off by default, as in nsqd)
+            state.e2e = LatencyWindow(o.e2e_processing_latency_percentile,
+                                      int(o.e2e_processing_latency_window_time * 1e9),
+                                      clock=self.clock)
+        return state
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -333,6 +339,9 @@ class ChannelActor(Actor):
             "backlog_alarm": self.alarm,
             "backlog_alarm_depth": self.alarm_depth,
         }
+        if s.e2e is not None:
+            out["e2e_processing_latency"] = s.e2e.result()
+            out[E2E_SAMPLES] = s.e2e.weighted()  # for the topic's figures (it drops them)
         if include_clients:
             out["clients"] = s.client_stats()
         return out

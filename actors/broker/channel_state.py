@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any
 
+from actors.broker.e2e import LatencyWindow
 from actors.broker.errors import BrokerError, fin_failed, invalid, req_failed, touch_failed
 from actors.broker.nsq_message import FIRST_ATTEMPT, message_id, next_attempt, with_attempts
 from actors.broker.pqueue import DeferredQueue, InFlightQueue
@@ -218,6 +219,7 @@ class ChannelState:
         self.paused = False
         self.stats = ChannelStats()
         self.effects = Effects()
+        self.e2e: LatencyWindow | None = None  # FINs' end-to-end latency, when asked for
 
     # ------------------------------------------------------------------ intake
 
@@ -360,6 +362,8 @@ class ChannelState:
     def finish(self, client: str, msg_ids: list[bytes]) -> list[BrokerError]:
         """FIN: returns one non-fatal E_FIN_FAILED per id that was not in flight for `client`."""
         removed, failed = self.in_flight.remove_owned(msg_ids, client, CLIENT)
+        if self.e2e is not None and removed:
+            self.e2e.add_encoded([item[ENCODED] for item in removed])
         # _release, inlined (every FINed message): disk positions acked, delayed ids removed
         acks = self.effects.disk_ack
         for item in removed:

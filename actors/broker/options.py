@@ -163,6 +163,11 @@ class BrokerOptions:
         75.0, "float", "used-memory percent above which no chunk is cached"
     )
     max_attempts: int = opt(0, "int", "deliveries before a message is dead-lettered (0: off)")
+    e2e_processing_latency_percentile: tuple[float, ...] = opt(
+        (), "float[]", "message processing time percentile to keep, e.g. 0.99 (repeatable; "
+        "none: off, nsqd's default)")
+    e2e_processing_latency_window_time: float = opt(
+        600.0, "duration", "time over which the percentiles are taken (nsqd's, 10m)")
     backlog_alarm_depth: int = opt(
         0, "int", "channel depth at which its backlog alarm fires (0: off; per topic: "
         "POST /topic/config?topic=T&backlog_alarm_depth=N)")
@@ -344,6 +349,12 @@ def _validate(o: BrokerOptions) -> None:
         raise fail(
             "max_attempts", f"must be in [0, {MAX_ATTEMPTS}] (0: off), got {o.max_attempts}"
         )
+    for p in o.e2e_processing_latency_percentile:
+        if not 0 < p <= 1:
+            raise fail("e2e_processing_latency_percentile", f"must be in (0, 1], got {p}")
+    if o.e2e_processing_latency_window_time <= 0:
+        raise fail("e2e_processing_latency_window_time",
+                   f"must be a positive duration, got {d(o.e2e_processing_latency_window_time)}")
     if o.backlog_alarm_depth < 0:
         raise fail("backlog_alarm_depth", f"must be >= 0 (0: off), got {o.backlog_alarm_depth}")
     if o.backlog_alarm_webhook and not o.backlog_alarm_webhook.startswith(

@@ -53,6 +53,8 @@ from actors.broker.diskqueue import (
     DqUndefer,
     DqWriteFailed,
 )
+from actors.broker.e2e import E2E_SAMPLES
+from actors.broker.e2e import result as e2e_result
 from actors.broker.errors import (
     BrokerError,
     bad_body,
@@ -668,6 +670,7 @@ class TopicActor(Actor):
                                  for c in names], timeout=5)
         channels = [{"channel_name": c, "error": str(r)} if isinstance(r, Exception) else r
                     for c, r in zip(names, replies, strict=True)]
+        e2e = self._e2e(channels)
         return {
             "topic_name": self.topic,
             "depth": len(self.memory) + self.disk_depth,
@@ -678,4 +681,18 @@ class TopicActor(Actor):
             "deferred_count": len(self.deferred),
             "paused": self.paused,
             "channels": channels,
+            **e2e,
         }
+
+    def _e2e(self, channels: list[dict[str, Any]]) -> dict[str, Any]:
+        """The topic's end-to-end latency, from its channels' samples (each channel's
+        are removed from its entry), as nsqd merges its channels' streams."""
+        quantiles = self.options.e2e_processing_latency_percentile
+        count, samples = 0, []
+        for c in channels:
+            n, s = c.pop(E2E_SAMPLES, None) or (0, [])
+            count += n
+            samples.extend((v, w) for v, w in s)
+        if not quantiles:
+            return {}
+        return {"e2e_processing_latency": e2e_result(quantiles, count, samples)}

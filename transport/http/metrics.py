@@ -136,6 +136,46 @@ CHANNEL_FAMILIES: tuple[Family, ...] = (
 )
 """Per channel, labelled ``topic`` and ``channel``."""
 
+TOPIC_E2E = _family("nsq_topic_e2e_processing_latency_seconds", "summary",
+                    "Time from publish to FIN of the topic's messages over the window "
+                    "(--e2e-processing-latency-percentile).")
+CHANNEL_E2E = _family("nsq_channel_e2e_processing_latency_seconds", "summary",
+                      "Time from publish to FIN of the channel's messages over the window "
+                      "(--e2e-processing-latency-percentile).")
+
+
+def _e2e_text(stats: Mapping[str, Any]) -> str:
+    """nsqd's ``e2e%:`` column: each percentile's value in its units (stringy's
+    NanoSecondToHuman), comma-separated; empty without percentiles."""
+    e2e = stats.get("e2e_processing_latency")
+    if not isinstance(e2e, Mapping):
+        return ""
+    out = []
+    for p in e2e.get("percentiles") or ():
+        v = float(_number(p.get("value")) or 0) if isinstance(p, Mapping) else 0.0
+        for limit, unit in ((1e9, "s"), (1e6, "ms"), (1e3, "us")):
+            if v > limit:
+                out.append(f"{v / limit:.1f}{unit}")
+                break
+        else:
+            out.append(f"{v:.1f}ns")
+    return ", ".join(out)
+
+
+def _e2e(out: _Exposition, family: Family, labels: Mapping[str, str],
+         stats: Mapping[str, Any]) -> None:
+    """nsqd's ``e2e_processing_latency`` (ns) as a summary in seconds, when it has
+    percentiles (none unless the broker was asked for them)."""
+    e2e = stats.get("e2e_processing_latency")
+    if not isinstance(e2e, Mapping) or not e2e.get("percentiles"):
+        return
+    out.declare((family,))
+    for p in e2e["percentiles"]:
+        if isinstance(p, Mapping):
+            out.sample(family, {**labels, "quantile": format_value(p.get("quantile", 0))},
+                       (_number(p.get("value")) or 0) / 1e9)
+    out.sample(family, labels, _number(e2e.get("count")) or 0, suffix="_count")
+
 PROCESS_FAMILIES: tuple[Family, ...] = (
     _family("nsq_process_up", "gauge",
             "1 if the broker process is running, else 0.", "alive"),
@@ -226,12 +266,14 @@ class _Exposition:
         for family in families:
             self._families.setdefault(family.name, (family, []))
 
-    def sample(self, family: Family, labels: Mapping[str, str], value: float) -> None:
+    def sample(self, family: Family, labels: Mapping[str, str], value: float,
+               suffix: str = "") -> None:
+        name = family.name + suffix
         if labels:
             text = ",".join(f'{k}="{escape_label_value(v)}"' for k, v in labels.items())
-            line = f"{family.name}{{{text}}} {format_value(value)}"
+            line = f"{name}{{{text}}} {format_value(value)}"
         else:
-            line = f"{family.name} {format_value(value)}"
+            line = f"{name} {format_value(value)}"
         self._families[family.name][1].append(line)
 
     def entry(self, families: Iterable[Family], labels: Mapping[str, str],
@@ -280,6 +322,7 @@ def render_metrics(stats: Mapping[str, Any], *, health: str | None = None,
     for topic in topics:
         name = _text(topic.get("topic_name"))
         out.entry(TOPIC_FAMILIES, {"topic": name}, topic)
+        _e2e(out, TOPIC_E2E, {"topic": name}, topic)
         for channel in topic.get("channels") or ():
             if not isinstance(channel, Mapping):
                 continue
@@ -288,6 +331,7 @@ def render_metrics(stats: Mapping[str, Any], *, health: str | None = None,
                 entry = {**channel, "client_count": len(channel["clients"])}
             labels = {"topic": name, "channel": _text(channel.get("channel_name"))}
             out.entry(CHANNEL_FAMILIES, labels, entry)
+            _e2e(out, CHANNEL_E2E, labels, channel)
 
     for process in stats.get("processes") or ():
         if isinstance(process, Mapping):
@@ -353,7 +397,7 @@ def format_stats_text(stats: Mapping[str, Any], health: str, version: str, now: 
         lines.append("")
         lines.append(f"{mark}[{t.get('topic_name', '')!s:<15}] depth: {_num(t, 'depth'):<5} "
                      f"be-depth: {_num(t, 'backend_depth'):<5} "
-                     f"msgs: {_num(t, 'message_count'):<8} e2e%: ")
+                     f"msgs: {_num(t, 'message_count'):<8} e2e%: {_e2e_text(t)}")
         for c in t.get("channels") or ():
             mark = "   *P " if c.get("paused") else "      "
             lines.append(
@@ -361,7 +405,7 @@ def format_stats_text(stats: Mapping[str, Any], health: str, version: str, now: 
                 f"be-depth: {_num(c, 'backend_depth'):<5} "
                 f"inflt: {_num(c, 'in_flight_count'):<4} def: {_num(c, 'deferred_count'):<4} "
                 f"re-q: {_num(c, 'requeue_count'):<5} timeout: {_num(c, 'timeout_count'):<5} "
-                f"msgs: {_num(c, 'message_count'):<8} e2e%: ")
+                f"msgs: {_num(c, 'message_count'):<8} e2e%: {_e2e_text(c)}")
             lines.extend(_client_line(client, now) for client in c.get("clients") or ())
     lines += ["", "Producers: None"]
     processes = stats.get("processes") or []
