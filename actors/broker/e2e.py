@@ -10,7 +10,8 @@ passed, the older half is dropped and a new one starts, so what is reported
 covers between half a window and a whole one.
 
 nsqd keeps a targeted-quantile stream per half.  Here each half keeps a
-uniform sample (reservoir sampling, at most :data:`SAMPLES` values) and the
+uniform sample (reservoir sampling with Li's Algorithm L, at most
+:data:`SAMPLES` values) and the
 count of what it saw; a percentile is read from the samples of both halves,
 each sample weighted by how many observations it stands for.  A topic's
 figures merge its channels' samples the same way (nsqd merges its channels'
@@ -19,9 +20,10 @@ streams).  Nothing of this runs unless percentiles were asked for.
 
 from __future__ import annotations
 
+import math
 import random
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 SAMPLES = 2048
@@ -32,12 +34,13 @@ E2E_SAMPLES = "_e2e_samples"
 
 
 class _Half:
-    __slots__ = ("count", "samples")
+    __slots__ = ("count", "next", "samples", "w")
 
     def __init__(self) -> None:
         self.count = 0
         self.samples: list[int] = []
-
+        self.w = 1.0  # Algorithm L's running weight, once the reservoir is full
+        self.next = 0  # the 1-based observation that replaces a sample next
 
 class LatencyWindow:
     """Latencies in ns over the last window; :meth:`result` is nsqd's JSON object."""
@@ -65,21 +68,33 @@ class LatencyWindow:
                 self.moved_at += self.half_ns
         return self.halves[self.current]
 
-    def add_encoded(self, messages: Iterable[bytes]) -> None:
+    def add_encoded(self, messages: Sequence[bytes]) -> None:
         """Record the messages (NSQ's encoding: an 8-byte ns timestamp first) as
-        finished now."""
+        finished now.  Once a half's reservoir is full, only the observations that
+        replace a sample are decoded (Li's Algorithm L: the gap to the next one is
+        drawn, not a number per message), so a busy channel pays almost nothing."""
         now = self.clock()
         half = self._roll(now)
-        samples, cap, rng = half.samples, self.cap, self.rng
-        for m in messages:
-            latency = now - int.from_bytes(m[:8], "big")
-            half.count += 1
-            if len(samples) < cap:
-                samples.append(latency)
-            else:
-                j = rng.randrange(half.count)
-                if j < cap:
-                    samples[j] = latency
+        samples, cap = half.samples, self.cap
+        start = half.count
+        room = cap - len(samples)
+        if room > 0:
+            samples.extend(now - int.from_bytes(m[:8], "big") for m in messages[:room])
+            if len(samples) == cap:
+                half.w = 1.0
+                self._advance(half, cap)
+        half.count = start + len(messages)
+        while half.next and half.next <= half.count:
+            m = messages[half.next - start - 1]
+            samples[self.rng.randrange(cap)] = now - int.from_bytes(m[:8], "big")
+            self._advance(half, half.next)
+
+    def _advance(self, half: _Half, position: int) -> None:
+        rng, cap = self.rng, self.cap
+        half.w *= math.exp(math.log(1.0 - rng.random()) / cap)
+        gap = math.floor(math.log(1.0 - rng.random()) / math.log1p(-half.w)) if half.w < 1 \
+            else 0
+        half.next = position + gap + 1
 
     def weighted(self) -> tuple[int, list[tuple[int, float]]]:
         """``(count, [(latency, weight), ...])`` over the window, for merging."""
