@@ -14,6 +14,7 @@ name               actor                                       process
 ``client:id``      `actors.broker.client.ClientActor`          gateway
 ``client:wi.id``   the same, for a connection handed over      worker ``i``
 ``listener:p``     `actors.broker.gateway` (``http`` ...)      gateway
+``statsd:push``    `actors.broker.statsd.StatsdActor`          gateway
 =================  ==========================================  ====================
 
 Every node, when it starts and after every restart, creates its scanner and
@@ -42,6 +43,7 @@ from actors.broker.lookup import LookupActor, lookup_names
 from actors.broker.messages import Publish, TopicCommand, TopicStats
 from actors.broker.options import BrokerOptions, OptionsError, parse_options, run_dir_for
 from actors.broker.scanner import ScannerActor
+from actors.broker.statsd import StatsdActor, statsd_names
 from actors.broker.topic import TopicActor, topics_on_disk
 from actors.runtime.daemon import log_level, run_in_foreground, setup_logging
 from actors.runtime.placement import GATEWAY, Placement
@@ -58,7 +60,8 @@ LISTENERS = ("http", "zmq", "tcp")
 def boot_names(options: BrokerOptions, node: str, placement: Placement) -> list[str]:
     """The actors `node` must run from the start: its scanner and its topics on disk."""
     if node == GATEWAY:
-        return [*(f"listener:{p}" for p in LISTENERS), *lookup_names(options)]
+        return [*(f"listener:{p}" for p in LISTENERS), *lookup_names(options),
+                *statsd_names(options)]
     index = node.rpartition("-")[2]
     topics = [f"topic:{t}" for t in topics_on_disk(options.data_path)
               if placement.node_for(f"topic:{t}") == node]
@@ -75,6 +78,7 @@ def factories(options: BrokerOptions) -> dict[str, Any]:
         "listener": partial(listener, options=options),
         "handoff": partial(HandoffListener, options=options),
         "lookup": partial(LookupActor, options=options),
+        "statsd": partial(StatsdActor, options=options),
     }
 
 

@@ -129,8 +129,9 @@ class GatewayFacade:
                                                                   self.timeout))
         return sorted(names)
 
-    def stats(self, topic: str | None, channel: str | None,
-              include_clients: bool) -> dict[str, Any]:
+    def topics(self, topic: str | None, channel: str | None,
+               include_clients: bool) -> list[dict[str, Any]]:
+        """Every topic's stats (or `topic`'s; with `channel`, only that channel's)."""
         names = [n for n in self._topic_actors() if not topic or n == f"topic:{topic}"]
         replies = current_endpoint().ask_many(
             [(n, TopicStats(include_clients, existing_only=True)) for n in names], self.timeout)
@@ -146,6 +147,11 @@ class GatewayFacade:
                 chans = [c for c in chans if c.get("channel_name") == channel]
             stats["channels"] = chans
             topics.append(stats)
+        return topics
+
+    def stats(self, topic: str | None, channel: str | None,
+              include_clients: bool) -> dict[str, Any]:
+        topics = self.topics(topic, channel, include_clients)
         out: dict[str, Any] = {"version": _version(), "health": self.health() or "OK",
                                "start_time": self.start_time, "topics": topics,
                                "producers": self._producers(topic) if include_clients else None}

@@ -168,6 +168,15 @@ class BrokerOptions:
         "none: off, nsqd's default)")
     e2e_processing_latency_window_time: float = opt(
         600.0, "duration", "time over which the percentiles are taken (nsqd's, 10m)")
+    statsd_address: str = opt("", "str", "UDP <addr>:<port> of a statsd daemon to push "
+                              "stats to (nsqd's)")
+    statsd_prefix: str = opt("nsq.%s", "str", "prefix of the keys sent to statsd (%%s: the "
+                             "broadcast address and HTTP port)")
+    statsd_interval: float = opt(60.0, "duration", "time between pushes to statsd")
+    statsd_mem_stats: bool = opt(True, "bool", "send memory and GC figures to statsd")
+    statsd_udp_packet_size: int = opt(508, "int", "largest statsd UDP packet in bytes")
+    statsd_exclude_ephemeral: bool = opt(False, "bool", "send nothing to statsd for "
+                                         "ephemeral topics and channels")
     backlog_alarm_depth: int = opt(
         0, "int", "channel depth at which its backlog alarm fires (0: off; per topic: "
         "POST /topic/config?topic=T&backlog_alarm_depth=N)")
@@ -355,6 +364,12 @@ def _validate(o: BrokerOptions) -> None:
     if o.e2e_processing_latency_window_time <= 0:
         raise fail("e2e_processing_latency_window_time",
                    f"must be a positive duration, got {d(o.e2e_processing_latency_window_time)}")
+    if o.statsd_address:
+        check_host_port("statsd_address", o.statsd_address)
+    if o.statsd_interval <= 0:
+        raise fail("statsd_interval", f"must be a positive duration, got {d(o.statsd_interval)}")
+    if o.statsd_udp_packet_size < 64:
+        raise fail("statsd_udp_packet_size", f"must be at least 64, got {o.statsd_udp_packet_size}")
     if o.backlog_alarm_depth < 0:
         raise fail("backlog_alarm_depth", f"must be >= 0 (0: off), got {o.backlog_alarm_depth}")
     if o.backlog_alarm_webhook and not o.backlog_alarm_webhook.startswith(

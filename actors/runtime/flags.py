@@ -267,7 +267,8 @@ def _default_text(f: dataclasses.Field[Any]) -> str:
         return ""
     if f.metadata["kind"] == "duration":
         return f" (default {format_duration(default)})"
-    return f" (default {default!r})" if isinstance(default, str) else f" (default {default})"
+    text = f" (default {default!r})" if isinstance(default, str) else f" (default {default})"
+    return text.replace("%", "%%")  # (argparse formats help with %)
 
 
 _METAVARS = {

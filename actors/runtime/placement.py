@@ -48,9 +48,9 @@ GATEWAY = "gateway"
 TOPIC_KINDS = frozenset({"topic", "channel", "diskqueue"})
 """Name kinds whose key starts with a topic name."""
 
-GATEWAY_KINDS = frozenset({"client", "listener", "lookup"})
-"""Name kinds that live on the gateway (client connections, protocol listeners and
-connections to lookup daemons)."""
+GATEWAY_KINDS = frozenset({"client", "listener", "lookup", "statsd"})
+"""Name kinds that live on the gateway (client connections, protocol listeners,
+connections to lookup daemons, the statsd push)."""
 
 PINNED_KINDS = frozenset({"scanner", "handoff"})
 """Name kinds whose key is a worker index (one such actor per worker)."""
