@@ -4,6 +4,7 @@
 subcommand     NSQ's tool   what it does
 =============  ===========  ===================================================
 ``tail``       nsq_tail     prints a topic's message bodies, one per line
+``to-file``    nsq_to_file  archives a topic to files, FINing what is on disk
 ``pub``        to_nsq       publishes the lines of stdin
 ``stat``       nsq_stat     prints a channel's rates and depths every interval
 ``ctl``        --           what ``python -m actors.ctl`` does (ps, actors, ...)
@@ -21,15 +22,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gzip
 import json
+import os
 import random
 import selectors
 import signal
+import socket
 import sys
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, BinaryIO, TextIO
 
@@ -86,59 +91,85 @@ def lookup_producers(lookupds: Sequence[str], topic: str, port_key: str) -> list
 # ----------------------------------------------------------------------- tail
 
 
+class Subscriber:
+    """SUB on `topic`/`channel` at every broker (NSQ TCP), RDY `rdy` each; :meth:`poll`
+    gives what arrived with its connection, :meth:`fin` finishes messages."""
+
+    def __init__(self, args: argparse.Namespace, channel: str, rdy: int) -> None:
+        addresses = list(args.nsqd_tcp_address)
+        while args.lookupd_http_address and not addresses:
+            addresses = lookup_producers(args.lookupd_http_address, args.topic, "tcp_port")
+            if not addresses:
+                time.sleep(args.lookupd_poll_interval)  # nsq_tail waits for the topic too
+        self.conns: list[Connection] = []
+        self.sel = selectors.DefaultSelector()
+        try:
+            for address in addresses:
+                try:
+                    conn = Connection(address, user_agent=USER_AGENT)
+                    self.conns.append(conn)
+                    conn.request(pc.Sub(args.topic, channel))
+                except (OSError, ProtocolError) as e:
+                    raise Fail(f"cannot subscribe at {address}: {e}") from None
+                conn.send(pc.Rdy(rdy))
+                conn.sock.settimeout(None)
+                self.sel.register(conn, selectors.EVENT_READ)
+        except BaseException:
+            self.close()
+            raise
+
+    def poll(self, timeout: float | None) -> list[tuple[Connection, pc.Message]]:
+        if not self.conns:
+            raise Fail("every broker closed its connection")
+        out: list[tuple[Connection, pc.Message]] = []
+        for key, _ in self.sel.select(timeout):
+            conn: Connection = key.fileobj  # type: ignore[assignment]
+            try:
+                events = conn.events()
+            except (ConnectionClosed, ProtocolError, OSError) as e:
+                print(f"zmqnsq: {e}", file=sys.stderr)
+                self.sel.unregister(conn)
+                self.conns.remove(conn)
+                conn.close()
+                continue
+            out.extend((conn, e) for e in events if isinstance(e, pc.Message))
+        return out
+
+    @staticmethod
+    def fin(messages: list[tuple[Connection, pc.Message]]) -> None:
+        for conn, message in messages:
+            with contextlib.suppress(OSError):  # (gone: the broker requeues it)
+                conn.send(pc.Fin((message.id,)))
+
+    def close(self) -> None:
+        for conn in self.conns:
+            with contextlib.suppress(OSError):
+                conn.send(pc.Cls())
+            conn.close()
+        self.sel.close()
+
+
 def tail(args: argparse.Namespace, out: BinaryIO) -> int:
-    topic = args.topic
     channel = args.channel or f"tail{random.randrange(1_000_000):06d}#ephemeral"
     limit = args.n
     if args.zmq_address:
         return _tail_zmq(args, channel, out)
-    addresses = list(args.nsqd_tcp_address)
-    while args.lookupd_http_address and not addresses:
-        addresses = lookup_producers(args.lookupd_http_address, topic, "tcp_port")
-        if not addresses:
-            time.sleep(args.lookupd_poll_interval)  # nsq_tail waits for the topic too
-    conns = []
-    sel = selectors.DefaultSelector()
+    sub = Subscriber(args, channel, min(args.max_in_flight, limit) if limit
+                     else args.max_in_flight)
     try:
-        for address in addresses:
-            try:
-                conn = Connection(address, user_agent=USER_AGENT)
-                conn.request(pc.Sub(topic, channel))
-            except (OSError, ProtocolError) as e:
-                raise Fail(f"cannot subscribe at {address}: {e}") from None
-            conn.send(pc.Rdy(min(args.max_in_flight, limit) if limit else args.max_in_flight))
-            conn.sock.settimeout(None)
-            conns.append(conn)
-            sel.register(conn, selectors.EVENT_READ)
         seen = 0
-        while conns:
-            for key, _ in sel.select():
-                conn = key.fileobj
-                try:
-                    events = conn.events()  # type: ignore[union-attr]
-                except (ConnectionClosed, ProtocolError) as e:
-                    print(f"zmqnsq tail: {e}", file=sys.stderr)
-                    sel.unregister(conn)
-                    conns.remove(conn)  # type: ignore[arg-type]
-                    continue
-                fins = []
-                for event in events:
-                    if isinstance(event, pc.Message) and (not limit or seen < limit):
-                        out.write(event.body + b"\n")
-                        fins.append(event.id)
-                        seen += 1
-                out.flush()
-                for msg_id in fins:
-                    conn.send(pc.Fin((msg_id,)))  # type: ignore[union-attr]
-                if limit and seen >= limit:
-                    return 0
-        raise Fail("every broker closed its connection")
+        while True:
+            got = sub.poll(None)
+            if limit:
+                got = got[:limit - seen]
+            out.write(b"".join(m.body + b"\n" for _, m in got))
+            out.flush()
+            sub.fin(got)
+            seen += len(got)
+            if limit and seen >= limit:
+                return 0
     finally:
-        for conn in conns:
-            with contextlib.suppress(OSError):
-                conn.send(pc.Cls())
-            conn.close()
-        sel.close()
+        sub.close()
 
 
 def _tail_zmq(args: argparse.Namespace, channel: str, out: BinaryIO) -> int:
@@ -185,6 +216,116 @@ class _Done:
     def wait(self) -> None:
         while not self.event.wait(0.2):
             pass
+
+
+# -------------------------------------------------------------------- to-file
+
+
+class Archive:
+    """nsq_to_file's output: ``--filename-format`` in ``--output-dir``, one body a line,
+    gzipped with ``--gzip``, a new file when the name's <DATETIME> changes, past
+    ``--rotate-size`` bytes or after ``--rotate-interval``."""
+
+    def __init__(self, args: argparse.Namespace, clock: Callable[[], float] = time.time) -> None:
+        self.args = args
+        self.clock = clock
+        self.file: Any = None
+        self.raw: Any = None
+        self.path = ""
+        self.key = ""
+        self.opened_at = 0.0
+        self.size = 0
+        os.makedirs(args.output_dir, exist_ok=True)
+
+    def _name(self, now: float, rev: int) -> str:
+        a = self.args
+        name = (a.filename_format.replace("<TOPIC>", a.topic)
+                .replace("<HOST>", socket.gethostname().split(".")[0])
+                .replace("<PID>", str(os.getpid()))
+                .replace("<DATETIME>", time.strftime(a.datetime_format, time.gmtime(now)))
+                .replace("<REV>", f"-{rev}" if rev else ""))
+        return os.path.join(a.output_dir, name + (".gz" if a.gzip else ""))
+
+    def write(self, bodies: list[bytes]) -> None:
+        now = self.clock()
+        a = self.args
+        key = time.strftime(a.datetime_format, time.gmtime(now))
+        if self.file is not None and (
+                key != self.key or (a.rotate_size and self.size >= a.rotate_size)
+                or (a.rotate_interval and now - self.opened_at >= a.rotate_interval)):
+            self.close()
+        if self.file is None:
+            rev = 0
+            while os.path.exists(path := self._name(now, rev)):
+                rev += 1
+                if "<REV>" not in a.filename_format:
+                    raise Fail(f"{path} exists (put <REV> in --filename-format)")
+            self.raw = open(path, "xb")  # noqa: SIM115 - closed by close()
+            self.file = gzip.GzipFile(fileobj=self.raw, mode="wb",
+                                      compresslevel=a.gzip_level) if a.gzip else self.raw
+            self.path, self.key, self.opened_at, self.size = path, key, now, 0
+        data = b"".join(b + b"\n" for b in bodies)
+        self.file.write(data)
+        self.size += len(data)
+
+    def sync(self) -> None:
+        """Everything written is on disk (a gzip member stays open: sync-flushed)."""
+        if self.file is None:
+            return
+        if self.file is not self.raw:
+            self.file.flush(zlib.Z_SYNC_FLUSH)
+        self.raw.flush()
+        os.fsync(self.raw.fileno())
+
+    def close(self) -> None:
+        if self.file is not None:
+            if self.file is not self.raw:
+                self.file.close()  # the gzip trailer
+            self.raw.flush()
+            os.fsync(self.raw.fileno())
+            self.raw.close()
+            self.file = self.raw = None
+
+
+def to_file(args: argparse.Namespace) -> int:
+    """nsq_to_file: a message is FINed only once the file it went to is synced."""
+    archive = Archive(args)
+    sub = Subscriber(args, args.channel, args.max_in_flight)
+    pending: list[tuple[Connection, pc.Message]] = []
+    stop = _stop_on_signals()
+    synced = time.monotonic()
+    try:
+        while not stop:
+            due = synced + args.sync_interval - time.monotonic()
+            got = sub.poll(max(0.0, min(due, 0.5)))
+            if got:
+                archive.write([m.body for _, m in got])
+                pending.extend(got)
+            if pending and (len(pending) >= args.max_in_flight
+                            or time.monotonic() >= synced + args.sync_interval):
+                archive.sync()
+                sub.fin(pending)
+                pending = []
+                synced = time.monotonic()
+            elif not pending:
+                synced = time.monotonic()
+        return 0
+    finally:
+        archive.close()
+        sub.fin(pending)
+        sub.close()
+
+
+def _stop_on_signals() -> list[int]:
+    """A list that becomes non-empty on SIGINT or SIGTERM (the loop then ends cleanly)."""
+    got: list[int] = []
+
+    def handler(signum: int, _frame: Any) -> None:
+        got.append(signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, handler)
+    return got
 
 
 # ------------------------------------------------------------------------ pub
@@ -375,7 +516,8 @@ def _positive(text: str) -> int:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="zmqnsq", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True, metavar="{tail,pub,stat,ctl}")
+    sub = p.add_subparsers(dest="command", required=True,
+                           metavar="{tail,to-file,pub,stat,ctl}")
 
     def brokers(q: argparse.ArgumentParser, *, tcp: bool = True, http: bool = False) -> None:
         if tcp:
@@ -398,6 +540,25 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--max-in-flight", type=_positive, default=200)
     t.add_argument("--lookupd-poll-interval", type=_duration, default=5.0,
                    help="while the topic has no broker yet, ask the lookup daemons this often")
+
+    f = sub.add_parser("to-file", help="archive a topic to files (nsq_to_file)")
+    brokers(f)
+    f.add_argument("--channel", default="nsq_to_file", help="NSQ channel (default nsq_to_file)")
+    f.add_argument("--max-in-flight", type=_positive, default=200)
+    f.add_argument("--output-dir", required=True, help="where the files go")
+    f.add_argument("--filename-format", default="<TOPIC>.<HOST><REV>.<DATETIME>.log",
+                   help="<TOPIC>, <HOST>, <PID>, <DATETIME>, <REV> (-1, -2 ... when the file "
+                        "exists) are replaced")
+    f.add_argument("--datetime-format", default="%Y-%m-%d_%H",
+                   help="strftime format of <DATETIME> (UTC); a new file when it changes")
+    f.add_argument("--gzip", action="store_true", help="gzip the files")
+    f.add_argument("--gzip-level", type=int, choices=range(1, 10), default=6, metavar="1-9")
+    f.add_argument("--rotate-size", type=int, default=0, help="a new file past this many bytes")
+    f.add_argument("--rotate-interval", type=_duration, default=0.0,
+                   help="a new file after this long")
+    f.add_argument("--sync-interval", type=_duration, default=30.0,
+                   help="fsync, then FIN, at least this often (default 30s)")
+    f.add_argument("--lookupd-poll-interval", type=_duration, default=5.0)
 
     u = sub.add_parser("pub", help="publish the lines of stdin (to_nsq)")
     brokers(u)
@@ -425,7 +586,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from actors.ctl import main as ctl_main  # noqa: PLC0415
 
         return ctl_main(args.rest)
-    if args.command in {"tail", "pub"} and not (args.nsqd_tcp_address or args.zmq_address
+    if args.command in {"tail", "to-file", "pub"} and not (args.nsqd_tcp_address or args.zmq_address
                                                 or args.lookupd_http_address):
         print(f"zmqnsq {args.command}: --nsqd-tcp-address, --zmq-address or "
               "--lookupd-http-address required", file=sys.stderr)
@@ -436,6 +597,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return tail(args, sys.stdout.buffer)
         if args.command == "pub":
             return pub(args, sys.stdin.buffer, sys.stderr)
+        if args.command == "to-file":
+            if args.zmq_address:
+                raise Fail("to-file speaks NSQ TCP: --nsqd-tcp-address or --lookupd-http-address")
+            return to_file(args)
         return stat(args, sys.stdout)
     except Fail as e:
         print(f"zmqnsq {args.command}: {e}", file=sys.stderr)

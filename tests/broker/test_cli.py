@@ -149,3 +149,60 @@ def _up(web: Http) -> bool:
         return web.call("GET", "/ping")[0] == 200
     except OSError:
         return False
+
+
+def test_to_file_fins_only_what_is_on_disk_and_rotates(broker, tmp_path):
+    import gzip
+    import signal
+
+    out = tmp_path / "archive"
+    broker.topic_command("arch", "hello")
+    broker.topic_command("arch", "create_channel", "nsq_to_file")
+    p = subprocess.Popen([sys.executable, "-m", "actors.cli", "to-file", "--topic", "arch",
+                          "--nsqd-tcp-address", broker.tcp_address, "--output-dir", str(out),
+                          "--gzip", "--rotate-size", "40", "--sync-interval", "60s"],
+                         stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: _channel(broker, "arch", "nsq_to_file")["client_count"] == 1,
+                 what="to-file subscribed")
+        broker.publish("arch", [b"line%02d" % i for i in range(10)])
+        # Given ten messages taken and written, with a sync not due for a minute,
+        # then nothing is FINed yet: they are in flight
+        wait_for(lambda: _channel(broker, "arch", "nsq_to_file")["in_flight_count"] == 10,
+                 what="in flight")
+        assert _channel(broker, "arch", "nsq_to_file")["depth"] == 0
+    finally:
+        p.send_signal(signal.SIGTERM)  # When it stops, it syncs, FINs and closes its files
+        _, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    wait_for(lambda: _channel(broker, "arch", "nsq_to_file")["in_flight_count"] == 0,
+             what="all FINed")
+    assert _channel(broker, "arch", "nsq_to_file")["depth"] == 0
+    files = sorted(out.iterdir())
+    assert all(f.name.startswith("arch.") and f.name.endswith(".log.gz") for f in files)
+    lines = b"".join(gzip.decompress(f.read_bytes()) for f in files).split()
+    assert sorted(lines) == [b"line%02d" % i for i in range(10)]
+
+
+def test_archive_files_rotate_by_size_interval_and_datetime(tmp_path):
+    args = cli._parser().parse_args([
+        "to-file", "--topic", "t", "--nsqd-tcp-address", "x:1", "--output-dir", str(tmp_path),
+        "--filename-format", "<TOPIC><REV>.<DATETIME>.log", "--datetime-format", "%H",
+        "--rotate-size", "10", "--rotate-interval", "60s"])
+    now = [3600.0 * 5]  # 05:00 UTC
+    archive = cli.Archive(args, clock=lambda: now[0])
+    archive.write([b"12345678"])  # 9 bytes: under the size
+    archive.write([b"a"])  # 11 bytes now: the next write rotates
+    archive.write([b"b"])
+    now[0] += 61  # past the interval
+    archive.write([b"c"])
+    now[0] += 3600  # a new hour: a new <DATETIME>
+    archive.write([b"d"])
+    archive.sync()
+    archive.close()
+    names = sorted(f.name for f in tmp_path.iterdir())
+    assert names == ["t-1.05.log", "t-2.05.log", "t.05.log", "t.06.log"]
+    assert (tmp_path / "t.05.log").read_bytes() == b"12345678\na\n"
+    assert (tmp_path / "t-1.05.log").read_bytes() == b"b\n"
+    assert (tmp_path / "t-2.05.log").read_bytes() == b"c\n"
+    assert (tmp_path / "t.06.log").read_bytes() == b"d\n"
