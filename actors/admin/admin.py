@@ -20,7 +20,9 @@ against nsqd and nsqlookupd as well as ours:
   user agent, RDY, in flight, finished, requeued), end-to-end latency and
   the backlog alarm;
 * ``GET api/broker?address=``: its topics, processes (restarts, RSS) and
-  actors, from its ``/stats`` (ours; nsqd has none of those);
+  actors, and each disk queue's chunk files with their messages, reads,
+  writes and cache state (EQueue's per-chunk statistics), from its ``/stats``
+  (ours, ``include_storage=true``; nsqd has none of those);
 * ``GET api/lookupds``: every daemon's nodes with their topics and tombstones;
 * ``POST api/action`` (``{"action", "topic", "channel", "broker", "node"}``):
   create, pause, unpause, empty or delete a topic or channel on every broker
@@ -212,10 +214,26 @@ class Cluster:
                 "brokers": brokers, "totals": total, "clients": clients}
 
     async def broker(self, address: str) -> dict[str, Any]:
-        (s,) = await self.stats([address], "&include_clients=false")
+        (s,) = await self.stats([address], "&include_clients=false&include_storage=true")
         if s.get("error"):
             return {"address": address, "error": s["error"]}
-        return {"address": address, "version": s.get("version", ""),
+        queues = []  # ours only: each disk queue's chunks (EQueue's per-chunk statistics)
+        for t in s.get("topics") or ():
+            owners = [(t["topic_name"], t)] + [(f"{t['topic_name']}/{c['channel_name']}", c)
+                                               for c in t.get("channels") or ()]
+            for owner, entry in owners:
+                storage = entry.get("storage")
+                if not isinstance(storage, dict):
+                    continue
+                cache = storage.get("cache") or {}
+                queues.append({
+                    "queue": owner, "depth": storage.get("depth", 0),
+                    "closed": bool(storage.get("closed")),
+                    "cache_hits": cache.get("hits", 0), "cache_misses": cache.get("misses", 0),
+                    "chunks": [{"chunk": int(n), **v} for n, v in
+                               sorted((storage.get("chunks") or {}).items(),
+                                      key=lambda kv: int(kv[0]))]})
+        return {"queues": queues,"address": address, "version": s.get("version", ""),
                 "health": s.get("health", ""), "start_time": s.get("start_time", 0),
                 "topics": [{"topic": t["topic_name"], "depth": t.get("depth") or 0,
                             "message_count": t.get("message_count") or 0,

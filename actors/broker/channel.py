@@ -36,6 +36,7 @@ from actors.broker.diskqueue import (
     DqPut,
     DqRead,
     DqReopened,
+    DqStats,
     DqUndefer,
     DqWriteFailed,
 )
@@ -202,8 +203,8 @@ class ChannelActor(Actor):
                 self.alarm_depth = depth
                 self._check_alarm()
                 return None
-            case ChannelStats(include_clients=include_clients):
-                return self._stats(include_clients)
+            case ChannelStats(include_clients=include_clients, include_storage=storage):
+                return self._stats(include_clients, storage)
             case _:
                 log.warning("%s: unexpected message %r", self.name, msg)
                 return None
@@ -321,7 +322,7 @@ class ChannelActor(Actor):
             dead = self.options.dead_letter_topic_for(self.topic)
             self.tell(f"topic:{dead}", PublishEncoded(fx.dead_letters))
 
-    def _stats(self, include_clients: bool) -> dict[str, Any]:
+    def _stats(self, include_clients: bool, include_storage: bool = False) -> dict[str, Any]:
         s = self.state
         out: dict[str, Any] = {
             "channel_name": self.channel,
@@ -344,5 +345,7 @@ class ChannelActor(Actor):
             out[E2E_SAMPLES] = s.e2e.weighted()  # for the topic's figures (it drops them)
         if include_clients:
             out["clients"] = s.client_stats()
+        if include_storage and self.durable:
+            out["storage"] = self.ask(self.dq, DqStats(), timeout=5)
         return out
 

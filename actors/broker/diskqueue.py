@@ -308,6 +308,10 @@ class DiskQueueActor(Actor):
         if type(msg) is DqIdle:
             self._idle()
             return None
+        if type(msg) is DqStats and self.queue is None:  # (an operator's look: not a use)
+            depth = 0 if self.ephemeral else DiskQueue.closed_depth(
+                queue_name(self.owner), self.options.data_path)
+            return {"name": queue_name(self.owner), "closed": True, "depth": depth}
         self.last_used = self.clock()
         if not self.idle_timer and self.options.queue_idle_close:
             self.idle_timer = True

@@ -129,12 +129,13 @@ class GatewayFacade:
                                                                   self.timeout))
         return sorted(names)
 
-    def topics(self, topic: str | None, channel: str | None,
-               include_clients: bool) -> list[dict[str, Any]]:
+    def topics(self, topic: str | None, channel: str | None, include_clients: bool,
+               include_storage: bool = False) -> list[dict[str, Any]]:
         """Every topic's stats (or `topic`'s; with `channel`, only that channel's)."""
         names = [n for n in self._topic_actors() if not topic or n == f"topic:{topic}"]
         replies = current_endpoint().ask_many(
-            [(n, TopicStats(include_clients, existing_only=True)) for n in names], self.timeout)
+            [(n, TopicStats(include_clients, existing_only=True,
+                            include_storage=include_storage)) for n in names], self.timeout)
         topics = []
         for reply in replies:
             if isinstance(reply, Exception):
@@ -149,9 +150,9 @@ class GatewayFacade:
             topics.append(stats)
         return topics
 
-    def stats(self, topic: str | None, channel: str | None,
-              include_clients: bool) -> dict[str, Any]:
-        topics = self.topics(topic, channel, include_clients)
+    def stats(self, topic: str | None, channel: str | None, include_clients: bool,
+              include_storage: bool = False) -> dict[str, Any]:
+        topics = self.topics(topic, channel, include_clients, include_storage)
         out: dict[str, Any] = {"version": _version(), "health": self.health() or "OK",
                                "start_time": self.start_time, "topics": topics,
                                "producers": self._producers(topic) if include_clients else None}

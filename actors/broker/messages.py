@@ -115,9 +115,11 @@ class ChannelCommand:
 @message
 @dataclass(frozen=True)
 class ChannelStats:
-    """Ask: this channel's stats (nsqd's /stats shape)."""
+    """Ask: this channel's stats (nsqd's /stats shape); `include_storage` adds its disk
+    queue's (``storage``: chunks with their messages, reads, writes, cache state)."""
 
     include_clients: bool = True
+    include_storage: bool = False
 
 
 @no_spawn
@@ -262,6 +264,8 @@ class TopicStats:
     existing_only: bool = False
     """None instead of stats if the topic does not exist (the actor is only a name:
     asked about, or deleted)."""
+    include_storage: bool = False
+    """Add each disk queue's stats (``storage``), the topic's and its channels'."""
 
 
 # ---------------------------------------------------------------- to a scanner

@@ -50,6 +50,7 @@ from actors.broker.diskqueue import (
     DqPut,
     DqRead,
     DqReopened,
+    DqStats,
     DqUndefer,
     DqWriteFailed,
 )
@@ -332,10 +333,11 @@ class TopicActor(Actor):
                     return self._configure(values)
                 except BrokerError as e:
                     return e.to_wire()
-            case TopicStats(include_clients=include_clients, existing_only=existing_only):
+            case TopicStats(include_clients=include_clients, existing_only=existing_only,
+                            include_storage=storage):
                 if existing_only and not self.exists:
                     return None
-                return self._stats(include_clients)
+                return self._stats(include_clients, storage)
             case _:
                 log.warning("%s: unexpected message %r", self.name, msg)
         return None
@@ -664,9 +666,10 @@ class TopicActor(Actor):
         self._reset()
         self.deleted = True  # (on_receive then stops the actor if nothing else waits)
 
-    def _stats(self, include_clients: bool) -> dict[str, Any]:
+    def _stats(self, include_clients: bool, include_storage: bool = False) -> dict[str, Any]:
         names = sorted(self.channels)
-        replies = self.ask_many([(self._channel_name(c), ChannelStats(include_clients))
+        replies = self.ask_many([(self._channel_name(c),
+                                  ChannelStats(include_clients, include_storage))
                                  for c in names], timeout=5)
         channels = [{"channel_name": c, "error": str(r)} if isinstance(r, Exception) else r
                     for c, r in zip(names, replies, strict=True)]
@@ -682,6 +685,8 @@ class TopicActor(Actor):
             "paused": self.paused,
             "channels": channels,
             **e2e,
+            **({"storage": self.ask(self.dq, DqStats(), timeout=5)}
+               if include_storage and not self.ephemeral else {}),
         }
 
     def _e2e(self, channels: list[dict[str, Any]]) -> dict[str, Any]:

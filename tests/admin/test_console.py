@@ -145,9 +145,10 @@ def test_the_console_lists_shows_pauses_and_asks_before_deleting(broker, console
     _alert(browser, accept=True)
     wait_until(lambda: "web_new" in _topics(broker), what="web_new created")
     _find(browser, 'tr[data-topic="web_new"]')
-    # The broker page shows its processes
+    # The broker page shows its processes and its disk queues' chunks
     browser.get(base + f"#/broker/127.0.0.1:{broker.http_port}")
     _find(browser, "#processes", "gateway")
+    _find(browser, "#queues", "web_a/c")
     _shot(browser, "broker")
 
 

@@ -112,8 +112,8 @@ class BrokerFacade(Protocol):
         "backlog_alarm_depth", "default"}``).  Raises ``E_TOPIC_NOT_FOUND``."""
         ...
 
-    def stats(self, topic: str | None, channel: str | None,
-              include_clients: bool) -> dict[str, Any]:
+    def stats(self, topic: str | None, channel: str | None, include_clients: bool,
+              include_storage: bool = False) -> dict[str, Any]:
         """nsqd's stats: ``{"topics": [...], "start_time": int, "processes": [...],
         "actors": [...], ...}``; each topic has ``topic_name``, ``depth``,
         ``backend_depth``, ``message_count``, ``message_bytes``, ``paused`` and
@@ -424,9 +424,10 @@ _NO_E2E = {"count": 0, "percentiles": None}
 
 
 def _collect_stats(facade: BrokerFacade, topic: str | None, channel: str | None,
-                   include_clients: bool) -> tuple[dict[str, Any], str | None, str]:
+                   include_clients: bool, include_storage: bool = False,
+                   ) -> tuple[dict[str, Any], str | None, str]:
     """Stats filtered as nsqd filters them, health and version (one executor job)."""
-    stats = dict(facade.stats(topic, channel, include_clients))
+    stats = dict(facade.stats(topic, channel, include_clients, include_storage))
     health = facade.health()
     version = stats.get("version") or facade.info().get("version", "")
     topics = []
@@ -449,11 +450,13 @@ def _collect_stats(facade: BrokerFacade, topic: str | None, channel: str | None,
 async def _stats(request: web.Request) -> web.Response:
     q = request.query
     include_clients = _BOOL_PARAMS.get(q.get("include_clients", ""), True)
+    include_storage = _BOOL_PARAMS.get(q.get("include_storage", ""), False)
     facade, now = request.app[FACADE], request.app[CLOCK]
 
     def work() -> str | dict[str, Any]:
         stats, health, version = _collect_stats(
-            facade, q.get("topic") or None, q.get("channel") or None, include_clients)
+            facade, q.get("topic") or None, q.get("channel") or None, include_clients,
+            include_storage)
         health_text = "OK" if health is None else f"NOK - {health}"
         if q.get("format") != "json":
             return format_stats_text(stats, health_text, version, now())

@@ -162,6 +162,16 @@ async function brokerPage(address) {
     }
     html += `</table>`;
   }
+  if (b.queues.length) {
+    html += `<h2>Disk queues</h2><table id="queues"><tr><th class="name">queue</th><th>depth</th><th>cache hits</th><th>cache misses</th>
+      <th class="name">chunk: messages, reads, writes (cached)</th></tr>`;
+    for (const q of b.queues) {
+      const chunks = q.closed ? '<span class="muted">files closed (idle or never written)</span>' : q.chunks.map(c =>
+        `#${c.chunk}: ${num(c.messages)}, ${num(c.reads)}, ${num(c.writes)}${c.cached ? " (cached)" : ""}`).join("<br>");
+      html += `<tr><td class="name">${esc(q.queue)}</td><td>${num(q.depth)}</td><td>${num(q.cache_hits)}</td><td>${num(q.cache_misses)}</td><td class="name">${chunks}</td></tr>`;
+    }
+    html += `</table>`;
+  }
   if (b.actors.length) {
     const keys = Object.keys(b.actors[0]);
     html += `<h2>Actors</h2><table id="actors"><tr>${keys.map(k => `<th class="name">${esc(k)}</th>`).join("")}</tr>`;

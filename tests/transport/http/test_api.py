@@ -93,7 +93,8 @@ class FakeFacade:
     def topic_command(self, topic: str, command: str, channel: str = "") -> None:
         self._record("topic_command", topic, command, channel)
 
-    def stats(self, topic: str | None, channel: str | None, include_clients: bool) -> dict:
+    def stats(self, topic: str | None, channel: str | None, include_clients: bool,
+              include_storage: bool = False) -> dict:
         self._record("stats", topic, channel, include_clients)
         return json.loads(json.dumps(self.stats_data))
 
