@@ -293,14 +293,21 @@ def to_file(args: argparse.Namespace) -> int:
     sub = Subscriber(args, args.channel, args.max_in_flight)
     pending: list[tuple[Connection, pc.Message]] = []
     stop = _stop_on_signals()
-    synced = time.monotonic()
+    synced = shown = time.monotonic()
+    written = 0
+    show = sys.stderr.isatty()
     try:
         while not stop:
+            if show and time.monotonic() - shown >= 1:
+                shown = time.monotonic()
+                sys.stderr.write(f"\r{written:,} messages, now in {archive.path} ")
+                sys.stderr.flush()
             due = synced + args.sync_interval - time.monotonic()
             got = sub.poll(max(0.0, min(due, 0.5)))
             if got:
                 archive.write([m.body for _, m in got])
                 pending.extend(got)
+                written += len(got)
             if pending and (len(pending) >= args.max_in_flight
                             or time.monotonic() >= synced + args.sync_interval):
                 archive.sync()

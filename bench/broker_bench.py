@@ -36,6 +36,7 @@ import shutil
 import socket
 import statistics
 import struct
+import sys
 import tempfile
 import threading
 import time
@@ -194,6 +195,35 @@ class CpuMeter:
         return {name: self._cpu(p) - self.start[name] for name, p in self.procs.items()}
 
 
+class Progress:
+    """On a terminal, the phase that runs and its elapsed time on stderr (cleared after);
+    elsewhere (a log, CI) nothing."""
+
+    def __init__(self, phase: str) -> None:
+        self.phase = phase
+        self.done = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def __enter__(self) -> Progress:
+        if sys.stderr.isatty():
+            self.thread = threading.Thread(target=self._show, daemon=True)
+            self.thread.start()
+        return self
+
+    def _show(self) -> None:
+        start = time.monotonic()
+        while not self.done.wait(0.5):
+            sys.stderr.write(f"\r  {self.phase}... {time.monotonic() - start:.0f}s ")
+            sys.stderr.flush()
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        if self.thread is not None:
+            self.thread.join()
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
 def run_threads(n: int, target: Callable[[int], None]) -> float:
     threads = [threading.Thread(target=target, args=(i,)) for i in range(n)]
     t = time.perf_counter()
@@ -276,10 +306,13 @@ def main() -> None:
             topic = f"bench_{proto}"
             b.topic_command(topic, "hello")
             b.topic_command(topic, "create_channel", "bench")
-            t = run_threads(a.producers, lambda i, topic=topic: pub(i, topic))
+            with Progress(f"{proto}: publishing {total:,}"):
+                t = run_threads(a.producers, lambda i, topic=topic: pub(i, topic))
             report(f"{proto}: publish", total, a.size, t, speed=speed)
             lat: list[float] = []
-            t = run_threads(a.consumers, lambda i, topic=topic, lat=lat: sub(i, topic, lat))
+            with Progress(f"{proto}: consuming {total:,}"):
+                t = run_threads(a.consumers,
+                                lambda i, topic=topic, lat=lat: sub(i, topic, lat))
             report(f"{proto}: consume (after)", total, a.size, t, speed=speed)
             topic2 = f"bench2_{proto}"
             b.topic_command(topic2, "hello")
@@ -301,8 +334,9 @@ def main() -> None:
             cpu = CpuMeter({r.name: r.pid for r in b.supervisor.ps()
                             if r.pid and r.role != "supervisor"})
             start = time.perf_counter()
-            tp = run_threads(a.producers, lambda i, topic2=topic2: pub(i, topic2))
-            results = [parent.recv() for parent in pipes]
+            with Progress(f"{proto}: publishing and consuming {total:,}"):
+                tp = run_threads(a.producers, lambda i, topic2=topic2: pub(i, topic2))
+                results = [parent.recv() for parent in pipes]
             t = time.perf_counter() - start
             used = cpu.used()
             lat2 = [x for sample, _ in results for x in sample]

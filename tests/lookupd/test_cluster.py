@@ -4,13 +4,18 @@ creates, and announces everything again after its lookup daemon comes back."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
+import subprocess
 from typing import Any
 
 import pytest
 
+from actors import cli
+from actors.admin.admin import Admin
+from actors.admin.options import AdminOptions
 from actors.broker import Broker
 from actors.lookupd import Lookupd
 from tests.broker.conftest import broker_options
@@ -196,3 +201,45 @@ def _topic_exists(b: Broker, topic: str) -> bool:
     _, _, body = Http(f"127.0.0.1:{b.http_port}").call(
         "GET", f"/stats?format=json&topic={topic}")
     return bool(json.loads(body).get("topics"))
+
+
+def test_the_tools_find_our_brokers_through_our_lookupd(lookupd: Lookupd, tmp_path,
+                                                        processes) -> None:
+    """The real nsq_stat, `zmqnsq tail` and `zmqnsq stat`, and our console, all through
+    our lookup daemon (#20)."""
+    web = Http(lookupd.http_address)
+    b = _broker(tmp_path, lookupd.tcp_address)
+    try:
+        b.topic_command("found", "hello")
+        b.topic_command("found", "create_channel", "c")
+        b.publish("found", [b"x", b"y"])
+        wait_until(lambda: _producers(web, "found"), what="the registration")
+        # zmqnsq tail finds the broker through the lookup daemon
+        out = io.BytesIO()
+        args = cli._parser().parse_args(["tail", "--topic", "found", "--channel", "c", "-n",
+                                         "2", "--lookupd-http-address", lookupd.http_address])
+        assert cli.tail(args, out) == 0
+        assert out.getvalue() == b"x\ny\n"
+        text = io.StringIO()
+        args = cli._parser().parse_args(["stat", "--topic", "found", "--channel", "c",
+                                         "--count", "1", "--interval", "100ms",
+                                         "--lookupd-http-address", lookupd.http_address])
+        assert cli.stat(args, text) == 0
+        assert text.getvalue().splitlines()[2].split()[-2:] == ["2", "0"]  # msgs, clients
+        # the real nsq_stat reads our lookup daemon and broker
+        nsq_stat = nsq_binary("nsq_stat")
+        p = subprocess.run([nsq_stat, f"--lookupd-http-address={lookupd.http_address}",
+                            "--topic=found", "--channel=c", "--count=1", "--interval=500ms"],
+                           capture_output=True, text=True, timeout=30, check=False)
+        assert p.returncode == 0, p.stderr
+        assert p.stdout.splitlines()[2].split()[-2:] == ["2", "0"]
+        # and so does our console
+        with Admin(AdminOptions(http_address="127.0.0.1:0",
+                                lookupd_http_address=(lookupd.http_address,))) as admin:
+            console = Http(admin.http_address)
+            assert [t["topic"] for t in console.json("/api/overview")["topics"]] == ["found"]
+            (node,) = console.json("/api/lookupds")[0]["nodes"]
+            assert node["node"] == f"127.0.0.1:{b.http_port}"
+            assert node["topics"] == ["found"]
+    finally:
+        b.stop()
