@@ -198,3 +198,38 @@ def _up(web: Http) -> bool:
         return web.call("GET", "/ping")[0] == 200
     except OSError:
         return False
+
+
+def test_the_console_and_zmqnsq_find_nsqd_through_the_real_nsqlookupd(tmp_path, processes):  # noqa: F811
+    import io
+
+    from actors import cli
+
+    nsqlookupd, nsqd = nsq_binary("nsqlookupd"), nsq_binary("nsqd")
+    lookup_tcp, lookup_http, tcp, http = free_port(), free_port(), free_port(), free_port()
+    processes([nsqlookupd, f"--tcp-address=127.0.0.1:{lookup_tcp}",
+               f"--http-address=127.0.0.1:{lookup_http}", "--broadcast-address=127.0.0.1"],
+              tmp_path / "nsqlookupd.log")
+    processes([nsqd, f"--data-path={tmp_path}", f"--tcp-address=127.0.0.1:{tcp}",
+               f"--http-address=127.0.0.1:{http}", "--broadcast-address=127.0.0.1",
+               f"--lookupd-tcp-address=127.0.0.1:{lookup_tcp}"], tmp_path / "nsqd.log")
+    nsqd_web, lookup_web = Http(f"127.0.0.1:{http}"), Http(f"127.0.0.1:{lookup_http}")
+    wait_until(lambda: _up(nsqd_web) and _up(lookup_web), what="nsqd and nsqlookupd")
+    nsqd_web.call("POST", "/topic/create?topic=far")
+    nsqd_web.call("POST", "/channel/create?topic=far&channel=c")
+    wait_until(lambda: lookup_web.json("/lookup?topic=far")["producers"] if
+               lookup_web.call("GET", "/lookup?topic=far")[0] == 200 else None,
+               what="nsqd registered")
+    with Admin(AdminOptions(http_address="127.0.0.1:0",
+                            lookupd_http_address=(f"127.0.0.1:{lookup_http}",))) as admin:
+        assert [t["topic"] for t in _api(admin, "overview")["topics"]] == ["far"]
+        (node,) = _api(admin, "lookupds")[0]["nodes"]
+        assert (node["node"], node["topics"]) == (f"127.0.0.1:{http}", ["far"])
+    assert cli.pub(cli._parser().parse_args(["pub", "--topic", "far", "--nsqd-tcp-address",
+                                             f"127.0.0.1:{tcp}"]), io.BytesIO(b"hi\n"),
+                   io.StringIO()) == 0
+    out = io.BytesIO()
+    assert cli.tail(cli._parser().parse_args([
+        "tail", "--topic", "far", "--channel", "c", "-n", "1",
+        "--lookupd-http-address", f"127.0.0.1:{lookup_http}"]), out) == 0
+    assert out.getvalue() == b"hi\n"
