@@ -588,11 +588,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    if args.command == "ctl":
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["ctl"]:  # (its own flags, all of them: argparse would take some)
         from actors.ctl import main as ctl_main  # noqa: PLC0415
 
-        return ctl_main(args.rest)
+        return ctl_main(argv[1:])
+    args = _parser().parse_args(argv)
     if args.command in {"tail", "to-file", "pub"} and not (args.nsqd_tcp_address or args.zmq_address
                                                 or args.lookupd_http_address):
         print(f"zmqnsq {args.command}: --nsqd-tcp-address, --zmq-address or "

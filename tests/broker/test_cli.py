@@ -206,3 +206,10 @@ def test_archive_files_rotate_by_size_interval_and_datetime(tmp_path):
     assert (tmp_path / "t-1.05.log").read_bytes() == b"b\n"
     assert (tmp_path / "t-2.05.log").read_bytes() == b"c\n"
     assert (tmp_path / "t.06.log").read_bytes() == b"d\n"
+
+
+def test_ctl_is_actors_ctl(broker, capsys):
+    assert cli.main(["ctl", "--data-path", broker.options.data_path, "ps"]) == 0
+    out = capsys.readouterr().out
+    assert "gateway" in out
+    assert "worker-0" in out
