@@ -21,7 +21,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGES = ("actors", "transport", "storage")
 RUNTIME = "actors.runtime"
-NOT_DAEMONS = {RUNTIME, "actors.ctl"}
+NOT_DAEMONS = {RUNTIME, "actors.ctl", "actors.cli", "actors.pytest_plugin"}  # (tools over daemons)
 
 
 def _modules() -> dict[str, pathlib.Path]:

@@ -54,7 +54,7 @@ def test_each_test_has_its_own_broker_and_nothing_is_left_behind(pytester, tmp_p
 
 def test_a_failing_test_shows_the_brokers_log(pytester):
     pytester.makepyfile("""
-        from actors.broker.pytest_plugin import broker_fixture
+        from actors.pytest_plugin import broker_fixture
 
         chatty = broker_fixture(log_level="info")
 
@@ -70,7 +70,7 @@ def test_a_failing_test_shows_the_brokers_log(pytester):
 
 def test_a_fixture_of_another_scope_is_shared(pytester):
     pytester.makepyfile("""
-        from actors.broker.pytest_plugin import broker_fixture
+        from actors.pytest_plugin import broker_fixture
 
         shared = broker_fixture(scope="module")
 

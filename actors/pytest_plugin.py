@@ -11,7 +11,7 @@ Fixtures (docs/TESTING.md):
 * :func:`broker_fixture` makes a fixture of another scope or with other options,
   as pytest-redis's ``factories.redis_proc``::
 
-      from actors.broker.pytest_plugin import broker_fixture
+      from actors.pytest_plugin import broker_fixture
       durable_broker = broker_fixture(scope="session", mem_queue_size=0)
 
 Each yields a :class:`TestBroker`: ``tcp_address``, ``http_address``,
@@ -29,9 +29,6 @@ from typing import Any
 
 import pytest
 
-from actors.broker.broker import Broker
-from actors.broker.options import BrokerOptions
-
 __all__ = ["TestBroker", "broker_fixture"]
 
 
@@ -41,6 +38,11 @@ class TestBroker:
     __test__ = False  # (not a test class, whatever its name)
 
     def __init__(self, data_path: str, **options: Any) -> None:
+        # (imported here: every pytest run where the package is installed loads this
+        # module, and the broker's imports take about half a second)
+        from actors.broker.broker import Broker  # noqa: PLC0415
+        from actors.broker.options import BrokerOptions  # noqa: PLC0415
+
         options.setdefault("workers", 1)
         options.setdefault("log_level", "warn")
         for key in ("http_address", "tcp_address"):
