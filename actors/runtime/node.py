@@ -32,6 +32,7 @@ An actor exceeding its restart intensity makes the node exit with
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import multiprocessing
@@ -342,8 +343,17 @@ def node_main(spec: NodeSpec) -> None:
     """Entry point of a node process (the target of ``multiprocessing.Process``)."""
     logging.basicConfig(level=spec.log_level, format=LOG_FORMAT.format(node=spec.node))
     stop = threading.Event()
+    # SIGTERM wakes the wait below through a pipe at once (a timed poll made every stop
+    # wait up to its period: half a second a node, the gateway's and the workers' in turn)
+    wake_r, wake_w = os.pipe()
+
+    def on_sigterm(_sig: int, _frame: Any) -> None:
+        stop.set()
+        with contextlib.suppress(OSError):
+            os.write(wake_w, b"x")
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda _sig, _frame: stop.set())
+    signal.signal(signal.SIGTERM, on_sigterm)
     node = Node(spec)
     node.boot()
     gc.freeze()  # objects of the startup phase are never garbage: stop rescanning them
@@ -352,13 +362,13 @@ def node_main(spec: NodeSpec) -> None:
     # (an operator, a process manager without cgroups) must not leave its nodes
     # holding the ports and the data directory.  They stop as on SIGTERM.
     parent = multiprocessing.parent_process()
+    watched: list[Any] = [wake_r] if parent is None else [wake_r, parent.sentinel]
     while not stop.is_set():
-        if parent is not None and wait([parent.sentinel], timeout=0.5):
+        ready = wait(watched)
+        if parent is not None and parent.sentinel in ready:
             logger.warning("%s: the supervisor (pid %s) is gone; stopping", spec.node,
                            parent.pid)
             break
-        if parent is None:
-            stop.wait(0.5)
     deadline = time.monotonic() + spec.options.shutdown_timeout
     clean = node.shutdown(deadline)
     logging.shutdown()
