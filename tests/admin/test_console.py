@@ -169,7 +169,7 @@ def test_the_api_reads_the_real_nsqd_too(tmp_path, processes):  # noqa: F811 - t
     processes([nsqd, f"--data-path={tmp_path}", "--tcp-address=127.0.0.1:0",
                f"--http-address=127.0.0.1:{http}"], tmp_path / "nsqd.log")
     web = Http(f"127.0.0.1:{http}")
-    wait_until(lambda: _up(web), what="nsqd")
+    wait_until(web.up, what="nsqd")
     web.call("POST", "/topic/create?topic=real")
     web.call("POST", "/channel/create?topic=real&channel=c")
     with Admin(AdminOptions(http_address="127.0.0.1:0",
@@ -193,12 +193,6 @@ def test_the_api_reads_the_real_nsqd_too(tmp_path, processes):  # noqa: F811 - t
             assert "127.0.0.1:1" in row["error"]
 
 
-def _up(web: Http) -> bool:
-    try:
-        return web.call("GET", "/ping")[0] == 200
-    except OSError:
-        return False
-
 
 def test_the_console_and_zmqnsq_find_nsqd_through_the_real_nsqlookupd(tmp_path, processes):  # noqa: F811
     import io
@@ -214,7 +208,7 @@ def test_the_console_and_zmqnsq_find_nsqd_through_the_real_nsqlookupd(tmp_path, 
                f"--http-address=127.0.0.1:{http}", "--broadcast-address=127.0.0.1",
                f"--lookupd-tcp-address=127.0.0.1:{lookup_tcp}"], tmp_path / "nsqd.log")
     nsqd_web, lookup_web = Http(f"127.0.0.1:{http}"), Http(f"127.0.0.1:{lookup_http}")
-    wait_until(lambda: _up(nsqd_web) and _up(lookup_web), what="nsqd and nsqlookupd")
+    wait_until(lambda: nsqd_web.up() and lookup_web.up(), what="nsqd and nsqlookupd")
     nsqd_web.call("POST", "/topic/create?topic=far")
     nsqd_web.call("POST", "/channel/create?topic=far&channel=c")
     wait_until(lambda: lookup_web.json("/lookup?topic=far")["producers"] if

@@ -130,7 +130,7 @@ def test_against_the_real_nsqd(tmp_path, processes):  # noqa: F811 - the fixture
     tcp, http = free_port(), free_port()
     processes([nsqd, f"--data-path={tmp_path}", f"--tcp-address=127.0.0.1:{tcp}",
                f"--http-address=127.0.0.1:{http}"], tmp_path / "nsqd.log")
-    wait_until(lambda: _up(Http(f"127.0.0.1:{http}")), what="nsqd")
+    wait_until(lambda: Http(f"127.0.0.1:{http}").up(), what="nsqd")
     Http(f"127.0.0.1:{http}").call("POST", "/topic/create?topic=t")
     Http(f"127.0.0.1:{http}").call("POST", "/channel/create?topic=t&channel=c")
     assert run(["pub", "--topic", "t", "--nsqd-tcp-address", f"127.0.0.1:{tcp}"],
@@ -143,12 +143,6 @@ def test_against_the_real_nsqd(tmp_path, processes):  # noqa: F811 - the fixture
     assert status == 0
     assert out.decode().splitlines()[2].split()[-2:] == ["3", "0"]  # msgs, clients
 
-
-def _up(web: Http) -> bool:
-    try:
-        return web.call("GET", "/ping")[0] == 200
-    except OSError:
-        return False
 
 
 def test_to_file_fins_only_what_is_on_disk_and_rotates(broker, tmp_path):

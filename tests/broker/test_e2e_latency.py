@@ -91,7 +91,7 @@ def test_the_shape_is_nsqds(tmp_path, processes):  # noqa: F811 - the fixture
                f"--http-address=127.0.0.1:{http_port}",
                "--e2e-processing-latency-percentile=0.99"], tmp_path / "nsqd.log")
     web = Http(f"127.0.0.1:{http_port}")
-    wait_until(lambda: _up(web), what="nsqd")
+    wait_until(web.up, what="nsqd")
     assert web.call("POST", "/topic/create?topic=t")[0] == 200
     assert web.call("POST", "/channel/create?topic=t&channel=c")[0] == 200
     theirs = web.json("/stats?format=json&topic=t")["topics"][0]
@@ -104,12 +104,6 @@ def test_the_shape_is_nsqds(tmp_path, processes):  # noqa: F811 - the fixture
         assert json.dumps(a["e2e_processing_latency"], sort_keys=True) == \
             json.dumps(o["e2e_processing_latency"], sort_keys=True)
 
-
-def _up(web: Http) -> bool:
-    try:
-        return web.call("GET", "/ping")[0] == 200
-    except OSError:
-        return False
 
 
 @pytest.mark.parametrize(("flags", "error"), [

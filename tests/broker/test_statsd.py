@@ -75,7 +75,7 @@ def test_a_push_has_nsqds_names_and_types_for_the_same_traffic(tmp_path, process
                    f"--statsd-address={theirs_sink.address}", "--statsd-interval=3s"],
                   tmp_path / "nsqd.log")
         web = Http(f"127.0.0.1:{http_port}")
-        wait_until(lambda: _up(web), what="nsqd")
+        wait_until(web.up, what="nsqd")
         _traffic(lambda path, body=b"": _post(http_port, path, body))
         theirs = theirs_sink.push(f"nsq.127_0_0_1_{http_port}.", "topic.t.message_count:3|c")
         opts = broker_options(tmp_path / "ours", statsd_address=ours_sink.address,
@@ -123,12 +123,6 @@ def _post(port: int, path: str, body: bytes) -> int:
     with urllib.request.urlopen(req, timeout=10) as r:  # noqa: S310 - loopback only
         return r.status
 
-
-def _up(web: Http) -> bool:
-    try:
-        return web.call("GET", "/ping")[0] == 200
-    except OSError:
-        return False
 
 
 @pytest.mark.parametrize(("flags", "error"), [

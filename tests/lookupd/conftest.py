@@ -68,6 +68,13 @@ class Http:
         finally:
             conn.close()
 
+    def up(self) -> bool:
+        """Whether ``/ping`` answers 200 (False while nothing listens yet)."""
+        try:
+            return self.call("GET", "/ping")[0] == 200
+        except OSError:
+            return False
+
     def json(self, path: str, method: str = "GET") -> Any:
         status, _, body = self.call(method, path)
         assert status == 200, (path, status, body)

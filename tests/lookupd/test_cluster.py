@@ -125,7 +125,7 @@ def test_the_broker_announces_everything_again_when_its_lookup_daemon_comes_back
         assert lookupd.supervisor is not None
         (gateway,) = [p for p in lookupd.supervisor.ps() if p.name == "gateway"]
         os.kill(gateway.pid, signal.SIGKILL)
-        wait_until(lambda: _ping(web), timeout=30, what="the lookup daemon again")
+        wait_until(web.up, timeout=30, what="the lookup daemon again")
         # Then the broker's next change finds the connection dead, reconnects and
         # announces everything it has
         b.topic_command("b", "hello")
@@ -136,12 +136,6 @@ def test_the_broker_announces_everything_again_when_its_lookup_daemon_comes_back
         b.stop()
 
 
-def _ping(web: Http) -> bool:
-    try:
-        return web.call("GET", "/ping")[0] == 200
-    except OSError:
-        return False
-
 
 def test_our_broker_registers_with_the_real_nsqlookupd(tmp_path, processes) -> None:
     binary = nsq_binary("nsqlookupd")
@@ -149,7 +143,7 @@ def test_our_broker_registers_with_the_real_nsqlookupd(tmp_path, processes) -> N
     processes([binary, f"--tcp-address={tcp}", f"--http-address={http}",
                "--broadcast-address=127.0.0.1"], tmp_path / "nsqlookupd.log")
     web = Http(http)
-    wait_until(lambda: _ping(web), what="nsqlookupd")
+    wait_until(web.up, what="nsqlookupd")
     assert web.call("POST", "/channel/create?topic=t&channel=known")[0] == 200
     b = _broker(tmp_path, tcp)
     try:
@@ -180,7 +174,7 @@ def test_the_real_nsqadmin_shows_and_deletes_through_our_lookupd_and_broker(
         processes([binary, f"--http-address=127.0.0.1:{admin_port}",
                    f"--lookupd-http-address={lookupd.http_address}"], tmp_path / "admin.log")
         admin = Http(f"127.0.0.1:{admin_port}")
-        wait_until(lambda: _ping(admin), what="nsqadmin")
+        wait_until(admin.up, what="nsqadmin")
         # nsqadmin lists our broker and its topic, and reads the topic's stats from it
         nodes = admin.json("/api/nodes")["nodes"]
         assert [(n["broadcast_address"], n["http_port"]) for n in nodes] == \

@@ -101,15 +101,9 @@ def test_our_lookupd_answers_as_nsqlookupd_1_3_does(lookupd: Lookupd, tmp_path,
     tcp, web = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     processes([binary, f"--tcp-address={tcp}", f"--http-address={web}"],
               tmp_path / "nsqlookupd.log")
-    wait_until(lambda: _up(Http(web)), what="nsqlookupd")
+    wait_until(lambda: Http(web).up(), what="nsqlookupd")
     theirs = scenario(tcp, web)
     ours = scenario(lookupd.tcp_address, lookupd.http_address)
     for step, (mine, real) in enumerate(zip(ours, theirs, strict=True)):
         assert mine == real, f"step {step}: ours {mine!r}, nsqlookupd {real!r}"
 
-
-def _up(web: Http) -> bool:
-    try:
-        return web.call("GET", "/ping")[0] == 200
-    except OSError:
-        return False
