@@ -104,13 +104,17 @@ class ControlServer:
             os.unlink(path)
         self._sock.bind(address)
         self._stop = threading.Event()
+        self._wake_r, self._wake_w = os.pipe()  # close() wakes the poll at once
         self._thread = threading.Thread(target=self._serve, name="control-server", daemon=True)
         self._thread.start()
 
     def _serve(self) -> None:
         sock = self._sock
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
         while not self._stop.is_set():
-            if not sock.poll(100):
+            if sock not in dict(poller.poll()):
                 continue
             identity, payload = sock.recv_multipart()
             try:
@@ -142,9 +146,12 @@ class ControlServer:
 
     def close(self) -> None:
         self._stop.set()
+        os.write(self._wake_w, b"x")
         self._thread.join()
         self._sock.close(linger=0)
         self._ctx.term()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
 
 
 class ControlClient:

@@ -333,6 +333,11 @@ class Replies:
         if self.doorbell >= 0:
             os.eventfd_write(self.doorbell, 1)
 
+    def wake(self) -> None:
+        """Wake the reader from its poll (to see that intake is closing)."""
+        with self._mutex:
+            self._ring()
+
     def close(self, address: str, timeout: float = 2 * _POLL_MS / 1000) -> None:
         """Fail the plain threads' waits (RuntimeNotRunning); close the socket once unread.
 
@@ -749,6 +754,7 @@ class Endpoint:
     def close_intake(self, timeout: float = 2.0) -> None:
         """Stop reading the inbox socket; sending (e.g. from ``on_stop``) still works."""
         self._stopping.set()
+        self._replies.wake()
         if self._dispatcher is not threading.current_thread():
             self._dispatcher.join(timeout)
 

@@ -81,6 +81,7 @@ class Mailbox:
         self.on_ready = on_ready
         self._lock = threading.Lock()
         self._room: list[Waiter] = []
+        self._on_close: list[threading.Event] = []  # threads in wait_closed
 
     # -- pykka's inbox interface (ActorRef.tell / ask, teardown) ---------------------
 
@@ -190,7 +191,10 @@ class Mailbox:
             if self.queue or self.closed:
                 return False
             self.closed = True
-            return True
+            closing, self._on_close = self._on_close, []
+        for event in closing:
+            event.set()
+        return True
 
     def close(self) -> list[Envelope[Any]]:
         """Refuse further puts; return what was still queued (to fail its asks)."""
@@ -200,6 +204,18 @@ class Mailbox:
             self.queue.clear()
             self.depth = 0
             waiters, self._room = self._room, []
+            closing, self._on_close = self._on_close, []
         for waiter in waiters:
             waiter.wake()
+        for event in closing:
+            event.set()
         return left
+
+    def wait_closed(self, timeout: float) -> bool:
+        """Block until the mailbox is closed (its actor stopped); True if it was in time."""
+        with self._lock:
+            if self.closed:
+                return True
+            event = threading.Event()
+            self._on_close.append(event)
+        return event.wait(timeout)

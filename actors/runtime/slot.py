@@ -179,13 +179,7 @@ class ActorSlot:
 
     def join(self, timeout: float) -> bool:
         """Wait until the slot has stopped (or escalated); True if it did in time."""
-        deadline = time.monotonic() + timeout
-        while not self.mailbox.closed:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            time.sleep(min(0.01, remaining))
-        return True
+        return self.mailbox.wait_closed(timeout)
 
     # -- running (on the slot's dispatcher thread) -------------------------------------
 

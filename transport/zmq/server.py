@@ -140,6 +140,7 @@ class ZmqServer:
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
+        self._wake()  # (the loop may be in a poll with a timeout)
         if self._thread is not None:
             self._thread.join(timeout)
         with self._push_lock:
