@@ -41,7 +41,14 @@ class TestBroker:
         # (imported here: every pytest run where the package is installed loads this
         # module, and the broker's imports take about half a second)
         from actors.broker.broker import Broker  # noqa: PLC0415
+        from actors.broker.nodes import NODE_MODULES  # noqa: PLC0415
         from actors.broker.options import BrokerOptions  # noqa: PLC0415
+        from actors.runtime import forkserver  # noqa: PLC0415
+
+        # The brokers of the session are forked from one server that has imported
+        # their code, and pytest: the ``pytest`` command's script, which each node
+        # runs again as ``__mp_main__``, imports it (actors.runtime.forkserver)
+        forkserver.start((*NODE_MODULES, "pytest"))
 
         options.setdefault("workers", 1)
         options.setdefault("log_level", "warn")

@@ -197,8 +197,10 @@ def _role(p: psutil.Process) -> str:
         return "nsqd"
     if "resource_tracker" in cmd:
         return "tracker"
-    if "spawn_main" in cmd:
-        return f"child-{p.pid}"
+    if "forkserver" in cmd:  # (nodes are forks of the fork server: the same cmdline)
+        parent = p.parent()
+        return f"child-{p.pid}" if parent and "forkserver" in " ".join(parent.cmdline()) \
+            else "forkserver"
     return "supervisor"
 
 

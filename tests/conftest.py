@@ -9,6 +9,19 @@ from typing import Any
 
 import pytest
 
+from actors.broker.nodes import NODE_MODULES as BROKER_MODULES
+from actors.lookupd.nodes import NODE_MODULES as LOOKUPD_MODULES
+from actors.runtime import forkserver
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Every broker and lookup daemon of the run is forked from one fork server that
+    # imported both once (actors.runtime.forkserver): started here, before any test,
+    # so it has both preloads and is in every leak check's baseline.
+    # (pytest too: the ``pytest`` command's script, which every node runs again as
+    # ``__mp_main__``, imports it)
+    forkserver.start((*BROKER_MODULES, *LOOKUPD_MODULES, "pytest"))
+
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:

@@ -41,6 +41,7 @@ from actors.broker.errors import BrokerError, from_wire
 from actors.broker.gateway import HandoffListener, ListenerInfo, listener
 from actors.broker.lookup import LookupActor, lookup_names
 from actors.broker.messages import Publish, TopicCommand, TopicStats
+from actors.broker.nodes import NODE_MODULES
 from actors.broker.options import BrokerOptions, OptionsError, parse_options, run_dir_for
 from actors.broker.scanner import ScannerActor
 from actors.broker.statsd import StatsdActor, statsd_names
@@ -54,7 +55,9 @@ from storage.errors import StorageError
 log = logging.getLogger("actors.broker")
 
 STOP_ORDER = ("listener", "handoff", "client", "topic", "channel", "scanner")
-LISTENERS = ("http", "zmq", "tcp")
+LISTENERS = ("tcp", "zmq", "http")
+"""In the order the gateway starts them (one after the other, on its dispatcher
+thread): HTTP last, so that once ``/ping`` answers every protocol does."""
 
 
 def boot_names(options: BrokerOptions, node: str, placement: Placement) -> list[str]:
@@ -111,7 +114,7 @@ class Broker:
                 shutdown_timeout=o.shutdown_timeout, debug_hooks=o.debug_hooks,
                 stop_order=STOP_ORDER, boot=partial(boot_names, o),
                 log_level=log_level(o.log_level),
-                shared_fds=(self.lock.fd,))
+                shared_fds=(self.lock.fd,), preload=NODE_MODULES)
             self.supervisor.start()
             self.listeners = {p: self.supervisor.ask(f"listener:{p}", ListenerInfo(), 30)
                               for p in LISTENERS}

@@ -189,13 +189,14 @@ class ListenerActor(Actor):
             from transport.http.lookup_api import LookupHttpServer  # noqa: PLC0415
             from transport.nsq.lookup_server import LookupTcpServer  # noqa: PLC0415
 
-            host, port = split_address(o.http_address)
-            self.http = LookupHttpServer(RegistrarFacade(), host, port).start()
-            self.http_port = self.http.port
+            # TCP first: once /ping answers, so does the TCP port (a restart included)
             host, port = split_address(o.tcp_address)
             self.tcp = LookupTcpServer(host, port, bridge)
             bridge.server = self.tcp
             self.tcp_port = self.tcp.start()
+            http_host, port = split_address(o.http_address)
+            self.http = LookupHttpServer(RegistrarFacade(), http_host, port).start()
+            self.http_port = self.http.port
             # (peers answer IDENTIFY on this dispatcher thread, so not before this is set)
             bridge.identify_answer = json.dumps(
                 {"broadcast_address": o.broadcast_address, "hostname": socket.gethostname(),

@@ -30,6 +30,7 @@ from typing import Any
 
 from actors.lookupd.listener import LISTENER, ListenerActor
 from actors.lookupd.messages import ListenerInfo
+from actors.lookupd.nodes import NODE_MODULES
 from actors.lookupd.options import LookupdOptions, parse_options
 from actors.lookupd.peer import PeerActor
 from actors.lookupd.registrar import REGISTRAR, RegistrarActor
@@ -72,7 +73,7 @@ class Lookupd:
             self.supervisor = Supervisor(
                 self.run_dir, factories, workers=0, shutdown_timeout=o.shutdown_timeout,
                 debug_hooks=o.debug_hooks, stop_order=("listener", "peer"), boot=_boot,
-                log_level=log_level(o.log_level))
+                log_level=log_level(o.log_level), preload=NODE_MODULES)
             self.supervisor.start()
             info = self.supervisor.ask(LISTENER, ListenerInfo(), 30)
             if info["error"]:

@@ -27,22 +27,51 @@ Quick start::
 See ``docs/ACTORS.md``.
 """
 
-from actors.runtime.actor import Actor, no_spawn
-from actors.runtime.control import ActorInfo, ControlClient, ProcessInfo
-from actors.runtime.errors import (
-    ActorsError,
-    AskTimeout,
-    DebugHooksDisabled,
-    MailboxFull,
-    RemoteActorError,
-    RuntimeNotRunning,
-    UnknownActor,
-)
-from actors.runtime.main import connect
-from actors.runtime.options import EXIT_ESCALATED, RuntimeOptions
-from actors.runtime.placement import Placement
-from actors.runtime.supervisor import Supervisor
-from transport.mailbox.envelope import message
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from actors.runtime.actor import Actor, no_spawn
+    from actors.runtime.control import ActorInfo, ControlClient, ProcessInfo
+    from actors.runtime.errors import (
+        ActorsError,
+        AskTimeout,
+        DebugHooksDisabled,
+        MailboxFull,
+        RemoteActorError,
+        RuntimeNotRunning,
+        UnknownActor,
+    )
+    from actors.runtime.main import connect
+    from actors.runtime.options import EXIT_ESCALATED, RuntimeOptions
+    from actors.runtime.placement import Placement
+    from actors.runtime.supervisor import Supervisor
+    from transport.mailbox.envelope import message
+
+# Imported on first use (PEP 562): a daemon's ``__main__`` starts the fork server
+# (actors.runtime.forkserver) before it imports the rest of the runtime.
+_LAZY = {
+    "Actor": "actors.runtime.actor", "no_spawn": "actors.runtime.actor",
+    "ActorInfo": "actors.runtime.control", "ControlClient": "actors.runtime.control",
+    "ProcessInfo": "actors.runtime.control",
+    **dict.fromkeys(("ActorsError", "AskTimeout", "DebugHooksDisabled", "MailboxFull",
+                     "RemoteActorError", "RuntimeNotRunning", "UnknownActor"),
+                    "actors.runtime.errors"),
+    "connect": "actors.runtime.main",
+    "EXIT_ESCALATED": "actors.runtime.options", "RuntimeOptions": "actors.runtime.options",
+    "Placement": "actors.runtime.placement",
+    "Supervisor": "actors.runtime.supervisor",
+    "message": "transport.mailbox.envelope",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib  # noqa: PLC0415
+
+    return getattr(importlib.import_module(module), name)
+
 
 __all__ = [
     "EXIT_ESCALATED",

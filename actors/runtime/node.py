@@ -2,9 +2,10 @@
 
 Theory of operation
 -------------------
-The supervisor starts each node with ``multiprocessing`` in *spawn* mode (a
-fresh interpreter: no ZeroMQ context or lock inherited from the parent) and
-passes a picklable :class:`NodeSpec`.  :func:`node_main` then
+The supervisor starts each node with ``multiprocessing``'s fork server (a
+fork of a single-threaded process that holds no ZeroMQ context, its imports
+done: :mod:`actors.runtime.forkserver`) and passes a picklable
+:class:`NodeSpec`.  :func:`node_main` then
 
 1. ignores SIGINT (the supervisor orchestrates shutdown) and turns SIGTERM
    into an orderly stop;
@@ -62,7 +63,7 @@ from actors.runtime.placement import Placement, split_name
 from actors.runtime.slot import ActorSlot, RestartIntensity
 from actors.runtime.system import ActorSummary, Crash, ListActors, Ping, Spawn
 
-__all__ = ["Node", "NodeSpec", "node_main"]
+__all__ = ["Node", "NodeSpec", "node_main", "stdio_fds"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ allocations (the default) costs a measurable share of a busy node's CPU."""
 
 @dataclass(frozen=True)
 class NodeSpec:
-    """Everything a node process needs; pickled into the child by ``spawn``."""
+    """Everything a node process needs; pickled into the child."""
 
     node: str
     """Node name (``gateway`` or ``worker-<i>``); also its socket's file name."""
@@ -95,11 +96,15 @@ class NodeSpec:
     shared_fds: tuple[SharedFd, ...] = ()
     """File descriptors the node holds open for its whole life (the data
     directory's lock: held until the last process of the runtime exits)."""
+    stdio: tuple[SharedFd | None, SharedFd | None] = (None, None)
+    """The supervisor's stdout and stderr when it started the node: the node
+    writes there, not to those of the fork server it came from (which was
+    started earlier, e.g. while pytest was not capturing)."""
 
 
 class SharedFd:
-    """A file descriptor handed to a node process: pickled by ``spawn``'s Popen, which
-    passes the descriptor itself to the child (as multiprocessing does for pipes)."""
+    """A file descriptor handed to a node process: pickled by the fork server's Popen,
+    which passes the descriptor itself to the child (as multiprocessing does for pipes)."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -110,6 +115,19 @@ class SharedFd:
 
 def _shared_fd(dup: Any) -> SharedFd:
     return SharedFd(dup.detach())
+
+
+def stdio_fds() -> tuple[SharedFd | None, SharedFd | None]:
+    """This process's stdout and stderr, to hand to a node (None for a closed one)."""
+
+    def shared(fd: int) -> SharedFd | None:
+        try:
+            os.fstat(fd)
+        except OSError:
+            return None
+        return SharedFd(fd)
+
+    return shared(1), shared(2)
 
 
 class Node:
@@ -341,6 +359,11 @@ def _exit_escalated(name: str) -> None:
 
 def node_main(spec: NodeSpec) -> None:
     """Entry point of a node process (the target of ``multiprocessing.Process``)."""
+    for target, stream, shared in ((1, sys.stdout, spec.stdio[0]), (2, sys.stderr, spec.stdio[1])):
+        if shared is not None:
+            stream.flush()
+            os.dup2(shared.fd, target)
+            os.close(shared.fd)
     logging.basicConfig(level=spec.log_level, format=LOG_FORMAT.format(node=spec.node))
     stop = threading.Event()
     # SIGTERM wakes the wait below through a pipe at once (a timed poll made every stop

@@ -5,9 +5,10 @@ Theory of operation
 :class:`Supervisor` lives in the main process (the broker's, or a test's).
 ``start()`` creates the run directory, its own endpoint (named
 ``supervisor``, so the main process can ``tell``/``ask`` actors), one child
-process per node (``gateway``, ``worker-0`` ..) with the *spawn* start method
-(safe with ZeroMQ: no context is ever forked), waits until every node answers
-a ping, then starts two threads:
+process per node (``gateway``, ``worker-0`` ..), forked by the fork server of
+:mod:`actors.runtime.forkserver` (safe with ZeroMQ: no context is ever forked;
+the nodes' imports are done once, before), waits until every node answers a
+ping, then starts two threads:
 
 * the **monitor** blocks in ``multiprocessing.connection.wait`` on the
   children's sentinels plus a wake-up pipe, so a child's death - SIGKILL
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing
 import os
 import signal
 import threading
@@ -41,11 +41,12 @@ from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from actors.runtime import forkserver
 from actors.runtime.actor import Actor
 from actors.runtime.control import ActorInfo, ControlServer, ProcessInfo
 from actors.runtime.endpoint import Endpoint
 from actors.runtime.errors import AskTimeout, DebugHooksDisabled, RuntimeNotRunning
-from actors.runtime.node import NodeSpec, SharedFd, node_main
+from actors.runtime.node import NodeSpec, SharedFd, node_main, stdio_fds
 from actors.runtime.options import RuntimeOptions
 from actors.runtime.placement import GATEWAY, Placement
 from actors.runtime.system import Crash, ListActors, Ping, Spawn
@@ -87,7 +88,9 @@ class Supervisor:
     node at start and after every restart (see ``NodeSpec.boot``); it is
     pickled too.  ``shared_fds`` are passed to every node, which keeps them open
     for its life (the broker's data-directory lock, so it is held until the
-    last process exits).  ``overrides`` replace fields of ``options``
+    last process exits).  ``preload`` names the modules the nodes run, for the
+    fork server to import once (see :mod:`actors.runtime.forkserver`).
+    ``overrides`` replace fields of ``options``
     (``Supervisor(d, f, workers=2, debug_hooks=True)``).
     """
 
@@ -100,6 +103,7 @@ class Supervisor:
         log_level: int = logging.WARNING,
         boot: Callable[[str, Placement], list[str]] | None = None,
         shared_fds: Sequence[int] = (),
+        preload: Sequence[str] = (),
         **overrides: Any,
     ) -> None:
         self.run_dir = os.fspath(run_dir)
@@ -109,7 +113,7 @@ class Supervisor:
         self.placement = Placement(self.options.workers)
         self._factories = dict(factories or {})
         self._log_level = log_level
-        self._mp = multiprocessing.get_context("spawn")
+        self._mp = forkserver.context(preload)
         self._children = {node: _Child(node) for node in self.placement.nodes}
         self._lock = threading.Lock()
         self._stopping = False
@@ -180,7 +184,7 @@ class Supervisor:
 
     def _start_child(self, child: _Child) -> None:
         spec = NodeSpec(child.node, self.run_dir, self.options, self._factories, self._log_level,
-                        self._boot, self._shared_fds)
+                        self._boot, self._shared_fds, stdio_fds())
         process = self._mp.Process(target=node_main, args=(spec,), name=child.node, daemon=True)
         process.start()
         child.process = process

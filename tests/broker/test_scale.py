@@ -38,9 +38,10 @@ MAX_THREADS = 64
 
 
 def _children() -> dict[str, psutil.Process]:
-    """The broker's node processes (the test process is its supervisor), by pid."""
-    return {str(p.pid): p for p in psutil.Process().children() if "spawn_main" in
-            " ".join(p.cmdline()) and "resource_tracker" not in " ".join(p.cmdline())}
+    """The broker's node processes (the test process is its supervisor: they are the
+    children of its fork server, see actors.runtime.forkserver), and the server, by pid."""
+    return {str(p.pid): p for p in psutil.Process().children(recursive=True)
+            if "forkserver" in " ".join(p.cmdline())}
 
 
 def _gateway(broker: Broker) -> psutil.Process:

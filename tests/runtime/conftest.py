@@ -7,7 +7,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from multiprocessing import resource_tracker
+from multiprocessing import forkserver
 from typing import Any
 
 import psutil
@@ -40,9 +40,9 @@ def _runtime_threads() -> list[str]:
 @pytest.fixture(autouse=True)
 def no_leaks() -> Iterator[None]:
     """Fail a test that leaves child processes, runtime threads or file descriptors behind."""
-    # multiprocessing's spawn start method keeps one resource-tracker process
-    # for the life of this interpreter; start it first so it is in the baseline.
-    resource_tracker.ensure_running()
+    # Nodes are forked by multiprocessing's fork server, which lives (with a
+    # resource-tracker process) as long as this interpreter: in the baseline.
+    forkserver.ensure_running()
     me = psutil.Process()
     children_before = {p.pid for p in me.children(recursive=True)}
     fds_before = me.num_fds()

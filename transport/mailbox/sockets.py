@@ -22,7 +22,7 @@ queues fill up, ``send`` blocks for at most ``send_timeout`` and then raises
 ``zmq.Again``; the actor layer turns that into ``MailboxFull``.  While a
 destination node is down its PUSH queue keeps up to ``sndhwm`` envelopes and
 flushes them when the node rebinds the same address (ZeroMQ reconnects every
-``RECONNECT_IVL``).
+``RECONNECT_IVL``, backing off to ``RECONNECT_IVL_MAX``).
 
 All sockets are created with ``linger=0`` and recorded, so :meth:`Outbox.close`
 can close every one of them before the context is terminated.
@@ -44,8 +44,11 @@ __all__ = [
 MAX_IPC_PATH = 100
 """Unix socket paths are limited to ~107 bytes; we keep a margin."""
 
-RECONNECT_IVL_MS = 50
-"""How often a PUSH retries a dead peer; bounds the delay after a node restart."""
+RECONNECT_IVL_MS = 5
+RECONNECT_IVL_MAX_MS = 50
+"""A PUSH retries a peer that is not there yet after 5 ms, then backs off to every
+50 ms: a node that has just bound its socket is reached at once (the supervisor's
+first ping of a starting node), and 50 ms bounds the delay after a node restart."""
 
 
 def ipc_address(run_dir: str | os.PathLike[str], node: str) -> str:
@@ -115,6 +118,7 @@ class Outbox:
             sock.setsockopt(zmq.SNDHWM, self._sndhwm)
             sock.setsockopt(zmq.SNDTIMEO, self._sndtimeo)
             sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
+            sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
             sock.connect(self._address_of(node))
             sockets[node] = sock
         return sock

@@ -1,0 +1,68 @@
+"""Nodes come from a fork server (actors/runtime/forkserver.py): what that must not change."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+from actors.runtime.inbox import Mailbox
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# The fork server starts while stderr is one file (a pipe), the supervisor starts its
+# nodes after stderr became another: an actor that raises logs its crash to the second.
+_SCRIPT = textwrap.dedent("""
+    import os, sys, tempfile
+    from actors.runtime import forkserver
+    from actors.runtime.supervisor import Supervisor
+    from tests.runtime.helpers import FACTORIES, Boom, Whoami
+
+    if __name__ == "__main__":
+        forkserver.start(["tests.runtime.helpers"])
+        later = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        os.dup2(later, 2)
+        with Supervisor(tempfile.mkdtemp(prefix="fs"), FACTORIES, workers=1) as rt:
+            rt.tell("rec:a", Boom())  # (logged by the node, which restarts the actor)
+            name, pid, _ = rt.ask("rec:a", Whoami(), timeout=10)
+            print(pid, flush=True)
+""")
+
+
+@pytest.mark.timeout(60)
+def test_a_node_writes_to_the_stderr_its_supervisor_had_when_it_started_the_node(
+        tmp_path) -> None:
+    later = tmp_path / "later.log"
+    # Given a supervisor whose stderr changed after its fork server started
+    done = subprocess.run([sys.executable, "-c", _SCRIPT, str(later)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=50, check=True)
+    # When an actor on a node raises, then the traceback is in the later stderr
+    node_pid = int(done.stdout.split()[-1])
+    assert node_pid != os.getpid()
+    assert "RuntimeError: boom" in later.read_text()
+    # and not in the one the fork server inherited
+    assert "boom" not in done.stderr
+
+
+@pytest.mark.timeout(10)
+def test_joining_a_mailbox_wakes_when_it_closes_and_times_out_when_it_does_not() -> None:
+    box = Mailbox(10)
+    # Given a thread waiting for the mailbox to close
+    woke: list[bool] = []
+    waiter = threading.Thread(target=lambda: woke.append(box.wait_closed(30)))
+    waiter.start()
+    # When it closes
+    box.close()
+    waiter.join(5)
+    # Then the waiter returned True, long before its 30 s
+    assert woke == [True]
+    # and a closed mailbox answers at once; an open one after the timeout, False
+    assert box.wait_closed(0)
+    assert not Mailbox(10).wait_closed(0.01)
+    emptied = Mailbox(10)
+    assert emptied.close_if_empty()
+    assert emptied.wait_closed(0)
