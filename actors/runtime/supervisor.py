@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import signal
 import threading
 import time
@@ -58,8 +59,33 @@ logger = logging.getLogger(__name__)
 RUNTIME_FILE = "runtime.json"
 """Written into the run directory: topology and options, for external clients."""
 
+_SERVER_LOST = 255
+"""The exit code multiprocessing reports for a node when its fork server is gone."""
+
 _QUICK_DEATH = 1.0
 _MAX_BACKOFF = 2.0
+
+
+def _stop_orphan(node: str, pid: int, deadline: float, *, terminate: bool) -> None:
+    """Wait until `pid` (a node whose fork server died) has exited, SIGTERMed first if
+    `terminate`, SIGKILLed at `deadline`."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        logger.error("the fork server is gone; node %s (pid %s) is stopped before a new one "
+                     "starts", node, pid)
+        if terminate:
+            signal.pidfd_send_signal(fd, signal.SIGTERM)
+        if not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            logger.error("node %s (pid %s) missed the deadline: killing it", node, pid)
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+            select.select([fd], [], [], 5.0)
+    except ProcessLookupError:
+        pass
+    finally:
+        os.close(fd)
 
 
 @dataclass
@@ -215,6 +241,8 @@ class Supervisor:
                 os.kill(p.pid, signal.SIGTERM)
         for p in procs:
             p.join(max(0.0, deadline - time.monotonic()))
+            if p.exitcode == _SERVER_LOST and p.pid is not None:  # (see _on_exit)
+                _stop_orphan(p.name, p.pid, deadline, terminate=False)
         clean = True
         for p in procs:
             if p.is_alive():
@@ -259,6 +287,12 @@ class Supervisor:
     def _on_exit(self, child: _Child) -> None:
         assert child.process is not None
         child.process.join()
+        if child.process.exitcode == _SERVER_LOST and child.process.pid is not None:
+            # The fork server died (killed by hand?): it can no longer say when its nodes
+            # exit, and this one may still run.  Never two of a node at once: stop it
+            # (as on SIGTERM, so it flushes) before it is started again.
+            _stop_orphan(child.node, child.process.pid,
+                         time.monotonic() + self.options.shutdown_timeout, terminate=True)
         child.last_exitcode = child.process.exitcode
         lived = time.monotonic() - child.started_at
         child.quick_deaths = child.quick_deaths + 1 if lived < _QUICK_DEATH else 0

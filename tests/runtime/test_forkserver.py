@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -46,6 +47,54 @@ def test_a_node_writes_to_the_stderr_its_supervisor_had_when_it_started_the_node
     assert "RuntimeError: boom" in later.read_text()
     # and not in the one the fork server inherited
     assert "boom" not in done.stderr
+
+
+# The fork server is killed under a running runtime (its nodes keep running: they watch
+# the supervisor, not the server): the supervisor can no longer see them exit.
+_KILL_SERVER = textwrap.dedent("""
+    import json, os, signal, tempfile, time
+    import psutil
+    from multiprocessing import forkserver as mp_forkserver
+    from actors.runtime import forkserver
+    from actors.runtime.supervisor import Supervisor
+    from tests.runtime.helpers import FACTORIES, Seq, GetLog, Whoami
+
+    def nodes(rt):
+        return {p.name: p for p in rt.ps() if p.role != "supervisor"}
+
+    if __name__ == "__main__":
+        forkserver.start(["tests.runtime.helpers"])
+        with Supervisor(tempfile.mkdtemp(prefix="fs"), FACTORIES, workers=1) as rt:
+            rt.tell("rec:a", Seq(1))
+            before = {n: p.pid for n, p in nodes(rt).items()}
+            os.kill(mp_forkserver._forkserver._forkserver_pid, signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while not all(p.restarts and p.alive for p in nodes(rt).values()):
+                assert time.monotonic() < deadline, rt.ps()
+                time.sleep(0.02)
+            after = {n: p.pid for n, p in nodes(rt).items()}
+            # (a zombie has exited: reparented, it waits for a reaper that may not come)
+            gone = [pid for pid in before.values()
+                    if not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"]
+            _, pid, _ = rt.ask("rec:a", Whoami(), timeout=10)
+            print(json.dumps({"before": before, "after": after, "gone": gone, "pid": pid}))
+""")
+
+
+@pytest.mark.timeout(60)
+def test_when_the_fork_server_dies_each_node_is_stopped_before_a_new_one_starts(tmp_path):
+    # Given a runtime whose fork server is killed -9 (its nodes still running)
+    done = subprocess.run([sys.executable, "-c", _KILL_SERVER], cwd=ROOT, capture_output=True,
+                          text=True, timeout=50, check=True)
+    seen = json.loads(done.stdout.splitlines()[-1])
+    # Then every node was restarted by a new server, each old process gone first (never
+    # two of a node at once, on the same sockets and files)
+    assert set(seen["before"]) == set(seen["after"]) == {"gateway", "worker-0"}
+    assert not set(seen["before"].values()) & set(seen["after"].values())
+    assert sorted(seen["gone"]) == sorted(seen["before"].values())
+    assert "the fork server is gone" in done.stderr
+    # and messaging works again (on a new process)
+    assert seen["pid"] == seen["after"]["worker-0"]
 
 
 @pytest.mark.timeout(10)
