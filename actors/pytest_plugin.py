@@ -41,14 +41,9 @@ class TestBroker:
         # (imported here: every pytest run where the package is installed loads this
         # module, and the broker's imports take about half a second)
         from actors.broker.broker import Broker  # noqa: PLC0415
-        from actors.broker.nodes import NODE_MODULES  # noqa: PLC0415
         from actors.broker.options import BrokerOptions  # noqa: PLC0415
-        from actors.runtime import forkserver  # noqa: PLC0415
 
-        # The brokers of the session are forked from one server that has imported
-        # their code, and pytest: the ``pytest`` command's script, which each node
-        # runs again as ``__mp_main__``, imports it (actors.runtime.forkserver)
-        forkserver.start((*NODE_MODULES, "pytest"))
+        _start_forkserver()
 
         options.setdefault("workers", 1)
         options.setdefault("log_level", "warn")
@@ -102,6 +97,31 @@ class TestBroker:
         self.broker.stop()
 
 
+def _start_forkserver() -> None:
+    """The brokers of the session are forked from one server that has imported their
+    code, and pytest: the ``pytest`` command's script, which each node runs again as
+    ``__mp_main__``, imports it (actors.runtime.forkserver).  Returns at once."""
+    from actors.broker.nodes import NODE_MODULES  # noqa: PLC0415
+    from actors.runtime import forkserver  # noqa: PLC0415
+
+    forkserver.start((*NODE_MODULES, "pytest"))
+
+
+_BROKER_FIXTURES: set[Any] = set()
+"""The functions of the fixtures that start brokers (``broker_fixture`` adds its own)."""
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # A session that will start a broker starts the fork server now, so that its
+    # imports (half a second) run while the first tests do, not in the first broker's.
+    for item in session.items:
+        info = getattr(item, "_fixtureinfo", None)
+        defs = getattr(info, "name2fixturedefs", {}) if info is not None else {}
+        if any(d.func in _BROKER_FIXTURES for chain in defs.values() for d in chain):
+            _start_forkserver()
+            return
+
+
 def _start(tmp_path_factory: Any, options: dict[str, Any]) -> TestBroker:
     return TestBroker(str(tmp_path_factory.mktemp("zmqnsq") / "data"), **options)
 
@@ -109,7 +129,6 @@ def _start(tmp_path_factory: Any, options: dict[str, Any]) -> TestBroker:
 def broker_fixture(scope: str = "function", **options: Any) -> Callable[..., Any]:
     """A fixture of `scope` that yields a :class:`TestBroker` started with `options`."""
 
-    @pytest.fixture(scope=scope)
     def fixture(tmp_path_factory: Any) -> Iterator[TestBroker]:
         broker = _start(tmp_path_factory, options)
         try:
@@ -117,13 +136,13 @@ def broker_fixture(scope: str = "function", **options: Any) -> Callable[..., Any
         finally:
             broker.stop()
 
-    return fixture
+    _BROKER_FIXTURES.add(fixture)
+    return pytest.fixture(scope=scope)(fixture)
 
 
 zmqnsq_broker = broker_fixture()
 
 
-@pytest.fixture
 def zmqnsq_broker_factory(tmp_path_factory: Any) -> Iterator[Callable[..., TestBroker]]:
     """``zmqnsq_broker_factory(**options)``: another broker, stopped after the test."""
     started: list[TestBroker] = []
@@ -136,3 +155,7 @@ def zmqnsq_broker_factory(tmp_path_factory: Any) -> Iterator[Callable[..., TestB
     yield make
     for broker in reversed(started):
         broker.stop()
+
+
+_BROKER_FIXTURES.add(zmqnsq_broker_factory)
+zmqnsq_broker_factory = pytest.fixture(zmqnsq_broker_factory)

@@ -81,3 +81,30 @@ def test_a_fixture_of_another_scope_is_shared(pytester):
             assert shared.stats("s")["topics"][0]["message_count"] == 1
     """)
     pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q").assert_outcomes(passed=2)
+
+
+def test_a_session_that_will_start_a_broker_starts_the_fork_server_when_collected(pytester):
+    # Given a session whose last test uses a broker (of broker_fixture's making)
+    pytester.makepyfile(test_later="""
+        from multiprocessing import forkserver
+        from actors.pytest_plugin import broker_fixture
+
+        mine = broker_fixture(mem_queue_size=0)
+
+        def test_first():
+            # Then the fork server runs (importing the broker) before any broker starts
+            assert forkserver._forkserver._forkserver_pid is not None
+
+        def test_last(mine):
+            mine.producer.publish("t", b"x")
+    """, test_none="""
+        from multiprocessing import forkserver
+
+        def test_alone():
+            assert forkserver._forkserver._forkserver_pid is None
+    """)
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q",
+                                  "test_later.py").assert_outcomes(passed=2)
+    # and a session without one does not start it
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q",
+                                  "test_none.py").assert_outcomes(passed=1)
