@@ -5,24 +5,18 @@
 ``docs/ARCHITECTURE.md``.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from actors.runtime.lazy import attributes
 
 if TYPE_CHECKING:
     from actors.broker.broker import Broker
     from actors.broker.options import BrokerOptions
 
 
-def __getattr__(name: str) -> Any:
-    # (PEP 562: ``python -m actors.broker`` starts the fork server before these imports)
-    if name == "Broker":
-        from actors.broker.broker import Broker  # noqa: PLC0415
-
-        return Broker
-    if name == "BrokerOptions":
-        from actors.broker.options import BrokerOptions  # noqa: PLC0415
-
-        return BrokerOptions
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# (imported on first use: ``python -m actors.broker`` starts the fork server first)
+__getattr__ = attributes(__name__, {"Broker": "actors.broker.broker",
+                                    "BrokerOptions": "actors.broker.options"})
 
 
 __all__ = ["Broker", "BrokerOptions"]

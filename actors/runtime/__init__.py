@@ -27,7 +27,9 @@ Quick start::
 See ``docs/ACTORS.md``.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from actors.runtime.lazy import attributes
 
 if TYPE_CHECKING:
     from actors.runtime.actor import Actor, no_spawn
@@ -63,14 +65,7 @@ _LAZY = {
     "message": "transport.mailbox.envelope",
 }
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib  # noqa: PLC0415
-
-    return getattr(importlib.import_module(module), name)
+__getattr__ = attributes(__name__, _LAZY)
 
 
 __all__ = [
