@@ -40,7 +40,7 @@ from actors.broker.diskqueue import DiskQueueActor
 from actors.broker.errors import BrokerError, from_wire
 from actors.broker.gateway import HandoffListener, ListenerInfo, listener
 from actors.broker.lookup import LookupActor, lookup_names
-from actors.broker.messages import Publish, TopicCommand, TopicStats
+from actors.broker.messages import ChannelTags, Publish, TopicCommand, TopicStats
 from actors.broker.nodes import NODE_MODULES
 from actors.broker.options import BrokerOptions, OptionsError, parse_options, run_dir_for
 from actors.broker.scanner import ScannerActor
@@ -162,9 +162,21 @@ class Broker:
     # -- conveniences for embedders and tests (the protocols use the same messages) --
 
     def publish(self, topic: str, bodies: Sequence[bytes], defer_ms: int = 0,
-                timeout: float = 10.0) -> None:
-        """PUB / MPUB / DPUB; raises `BrokerError` with nsqd's code on bad input."""
-        _raise(self.supervisor.ask(f"topic:{topic}", Publish(list(bodies), defer_ms), timeout))
+                timeout: float = 10.0, tag: str = "") -> None:
+        """PUB / MPUB / DPUB (with `tag`, tagged); raises `BrokerError` with nsqd's code
+        on bad input."""
+        _raise(self.supervisor.ask(f"topic:{topic}", Publish(list(bodies), defer_ms, tag=tag),
+                                   timeout))
+
+    def channel_tags(self, topic: str, channel: str, tags: Sequence[str] | None = None,
+                     create: bool = False, timeout: float = 10.0) -> list[str]:
+        """Set (or, `tags` None, read) a channel's tag filter; returns it."""
+        reply = self.supervisor.ask(
+            f"topic:{topic}",
+            ChannelTags(channel, tuple(tags) if tags is not None else None, create), timeout)
+        if isinstance(reply, tuple):
+            _raise(reply)
+        return list(reply["tags"])
 
     def topic_command(self, topic: str, command: str, arg: str = "",
                       timeout: float = 10.0) -> None:

@@ -163,6 +163,8 @@ class Publish:
     reply_to: str = ""
     """If set, the result is told to this actor as `PublishDone(corr, ...)` instead."""
     corr: int = 0
+    tag: str = ""
+    """The messages' tag ('' for none): channels with a tag filter take only theirs."""
 
 
 GATHER_MAX = 1024
@@ -230,6 +232,19 @@ class TopicConfig:
     `BrokerError.to_wire()` tuple (``E_TOPIC_NOT_FOUND``)."""
 
     values: dict[str, Any] | None = None
+
+
+@message
+@dataclass(frozen=True)
+class ChannelTags:
+    """Ask the topic: set channel `channel`'s tag filter (`tags`: the tags it takes;
+    empty: every message, as without a filter), creating the channel first if
+    `create`; with `tags` None, only read it.  Kept in the topic's metadata.  Reply:
+    ``{"topic", "channel", "tags": [...]}``, or a `BrokerError.to_wire()` tuple."""
+
+    channel: str
+    tags: tuple[str, ...] | None = None
+    create: bool = False
 
 
 @message

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import re
 import struct
+from collections.abc import Sequence
 from typing import NamedTuple
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "MAX_ATTEMPTS",
     "MAX_NAME_LENGTH",
     "MAX_NODE_ID",
+    "MAX_TAG_LENGTH",
     "MSG_ID_LENGTH",
     "GuidFactory",
     "Message",
@@ -63,13 +65,17 @@ __all__ = [
     "decode_message",
     "encode_message",
     "guid_parts",
+    "has_tagged",
     "is_ephemeral",
     "is_valid_channel_name",
     "is_valid_name",
+    "is_valid_tag",
     "is_valid_topic_name",
     "message_id",
     "next_attempt",
+    "tag_record",
     "timestamp_of",
+    "untag_record",
     "with_attempts",
 ]
 
@@ -285,3 +291,37 @@ def is_valid_channel_name(name: str | bytes) -> bool:
 def is_ephemeral(name: str) -> bool:
     """True for ``#ephemeral`` topics and channels (memory only, deleted when unused)."""
     return name.endswith(EPHEMERAL_SUFFIX)
+
+
+# ----------------------------------------------------------------------------- tags
+
+MAX_TAG_LENGTH = 64
+_TAG_RE = re.compile(r"[.a-zA-Z0-9_:-]{1,64}")
+_TAG_MARK = 0xFF
+"""First byte of a tagged record.  An encoded message starts with its timestamp in
+nanoseconds, big-endian: its first byte is below 0x80 until the year 2262."""
+
+
+def is_valid_tag(tag: str) -> bool:
+    """A tag is 1-64 of ``a-z A-Z 0-9 . _ - :`` (no comma: filters are comma lists)."""
+    return isinstance(tag, str) and _TAG_RE.fullmatch(tag) is not None
+
+
+def tag_record(encoded: bytes, tag: str) -> bytes:
+    """What a topic keeps (in memory and in its disk queue) for a tagged message:
+    0xFF, the tag's length, the tag, then the message as NSQ encodes it."""
+    raw = tag.encode("ascii")
+    return b"\xff" + bytes((len(raw),)) + raw + encoded
+
+
+def untag_record(record: bytes) -> tuple[bytes, str]:
+    """`(encoded message, tag)` of a record a topic keeps ('' for an untagged one)."""
+    if record[0] != _TAG_MARK:
+        return record, ""
+    n = record[1]
+    return record[2 + n:], record[2:2 + n].decode("ascii")
+
+
+def has_tagged(records: Sequence[bytes]) -> bool:
+    """True if any of `records` carries a tag."""
+    return any(r[0] == _TAG_MARK for r in records)

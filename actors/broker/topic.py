@@ -74,6 +74,7 @@ from actors.broker.messages import (
     ChannelPut,
     ChannelPutDeferred,
     ChannelStats,
+    ChannelTags,
     ChannelUp,
     Publish,
     PublishDone,
@@ -85,9 +86,13 @@ from actors.broker.messages import (
 )
 from actors.broker.nsq_message import (
     GuidFactory,
+    has_tagged,
     is_ephemeral,
     is_valid_channel_name,
+    is_valid_tag,
     is_valid_topic_name,
+    tag_record,
+    untag_record,
 )
 from actors.broker.options import BrokerOptions
 from actors.runtime.actor import Actor
@@ -134,8 +139,19 @@ class _Waiting:
 
 
 def _delayed_entries(items: list[tuple[bytes, int]]) -> list[tuple[int, bytes, bytes]]:
-    """`(message, due)` pairs as delayed-store entries `(due, message id, message)`."""
-    return [(due, m[10:26], m) for m, due in items]
+    """`(record, due)` pairs as delayed-store entries `(due, message id, record)`."""
+    return [(due, _message_id(m), m) for m, due in items]
+
+
+def _message_id(record: bytes) -> bytes:
+    return untag_record(record)[0][10:26]
+
+
+def _checked_tags(tags: Sequence[str]) -> frozenset[str]:
+    bad = [t for t in tags if not is_valid_tag(t)]
+    if bad:
+        raise invalid(f"bad tag {bad[0]!r} (1-64 of a-z A-Z 0-9 . _ - :)")
+    return frozenset(tags)
 
 
 def _checked_config(config: dict[str, Any], *, strict: bool = False) -> dict[str, Any]:
@@ -174,6 +190,7 @@ class TopicActor(Actor):
         # (on_batch_end): one encode, one ChannelPut per channel and, when durable,
         # one disk write and fsync for all of them (group commit across clients).
         self.gathered: list[bytes] = []
+        self.gathered_tags: list[str] | None = None  # one per gathered body, once one has
         self.gathered_bytes = 0
         self.gathered_by: list[_Publisher] = []
         self.deleted = False
@@ -181,6 +198,7 @@ class TopicActor(Actor):
 
     def _reset(self) -> None:
         self.channels: dict[str, bool] = {}  # channel -> paused
+        self.filters: dict[str, frozenset[str]] = {}  # channel -> the tags it takes
         self.paused = False
         self.config: dict[str, Any] = {}  # this topic's own settings (TopicConfig)
         self.memory: deque[bytes] = deque()
@@ -207,6 +225,9 @@ class TopicActor(Actor):
             self.channels = {c: bool(v.get("paused", False))
                              for c, v in meta.get("channels", {}).items()
                              if is_valid_channel_name(c)}
+            self.filters = {c: frozenset(t for t in v["tags"] if is_valid_tag(t))
+                            for c, v in meta.get("channels", {}).items()
+                            if c in self.channels and v.get("tags")}
         if self.exists and not self.ephemeral:  # (a topic not created yet has no queue)
             depth, deferred = self.ask(self.dq, DqOpen(), timeout=30)
             self.disk_depth = depth
@@ -262,8 +283,9 @@ class TopicActor(Actor):
         # (nsqd keeps ephemeral channels out of its metadata: they end with their clients)
         meta: dict[str, Any] = {
             "version": 1, "paused": self.paused,
-            "channels": {c: {"paused": p} for c, p in sorted(self.channels.items())
-                         if not is_ephemeral(c)}}
+            "channels": {c: {"paused": p, **({"tags": sorted(self.filters[c])}
+                                             if c in self.filters else {})}
+                         for c, p in sorted(self.channels.items()) if not is_ephemeral(c)}}
         if self.config:
             meta["config"] = self.config
         write_atomic(self.meta_path, json.dumps(meta, sort_keys=True).encode() + b"\n")
@@ -284,13 +306,15 @@ class TopicActor(Actor):
 
     def _on_receive(self, msg: Any) -> Any:
         match msg:
-            case Publish(bodies=bodies, defer_ms=defer_ms, reply_to=reply_to, corr=corr):
+            case Publish(bodies=bodies, defer_ms=defer_ms, reply_to=reply_to, corr=corr,
+                         tag=tag):
                 # a DPUB (a PUB or MPUB is gathered: on_receive, _gather)
                 token = next(self._tokens) if self.durable_ack else 0
                 expected = 0
                 try:
-                    size = self._check(bodies, defer_ms)
-                    expected = self._publish(list(bodies), size, defer_ms, token)
+                    size = self._check(bodies, defer_ms, tag)
+                    expected = self._publish(list(bodies), size, defer_ms, token,
+                                             [tag] * len(bodies) if tag else None)
                     result = None
                 except BrokerError as e:
                     result = e.to_wire()
@@ -328,6 +352,11 @@ class TopicActor(Actor):
                 self._delete_channel(channel)
             case TopicCommand(command=command, arg=arg):
                 return self._guard(lambda: self._command(command, arg))
+            case ChannelTags(channel=channel, tags=tags, create=create):
+                try:
+                    return self._channel_tags(channel, tags, create=create)
+                except BrokerError as e:
+                    return e.to_wire()
             case TopicConfig(values=values):
                 try:
                     return self._configure(values)
@@ -392,12 +421,16 @@ class TopicActor(Actor):
         """A PUB or MPUB: checked now (a refusal is answered at once), kept for the
         run's fan-out."""
         try:
-            self.gathered_bytes += self._check(msg.bodies, 0)
+            self.gathered_bytes += self._check(msg.bodies, 0, msg.tag)
         except BrokerError as e:
             if not msg.reply_to:
                 return e.to_wire()  # the asker's reply
             self.tell(msg.reply_to, PublishDone(msg.corr, e.to_wire()))
             return None
+        if msg.tag and self.gathered_tags is None:
+            self.gathered_tags = [""] * len(self.gathered)
+        if self.gathered_tags is not None:
+            self.gathered_tags.extend([msg.tag] * len(msg.bodies))
         self.gathered.extend(msg.bodies)
         self.gathered_by.append(self._publisher(msg.reply_to, msg.corr))
         if len(self.gathered) >= GATHER_MAX:
@@ -410,12 +443,14 @@ class TopicActor(Actor):
         if not self.gathered_by:
             return
         bodies, size, publishers = self.gathered, self.gathered_bytes, self.gathered_by
+        tags = self.gathered_tags
         self.gathered, self.gathered_bytes, self.gathered_by = [], 0, []
+        self.gathered_tags = None
         token = next(self._tokens) if self.durable_ack else 0
         error = None
         expected = 0
         try:
-            expected = self._publish(bodies, size, 0, token)
+            expected = self._publish(bodies, size, 0, token, tags)
         except BrokerError as e:  # (checked when gathered: not expected)
             error = e.to_wire()
         if expected:  # answered by _stored() when every write is confirmed
@@ -434,13 +469,15 @@ class TopicActor(Actor):
         for client, dones in by_client.items():
             self.tell_many(client, dones)
 
-    def _check(self, bodies: Sequence[bytes], defer_ms: int) -> int:
+    def _check(self, bodies: Sequence[bytes], defer_ms: int, tag: str = "") -> int:
         """Refuse a publish nsqd would refuse, with its error; creates the topic.
         Returns the bodies' size in bytes."""
         o = self.options
         verb = "DPUB" if defer_ms else ("MPUB" if len(bodies) > 1 else "PUB")
         if not self.valid:
             raise bad_topic(self.topic, verb)
+        if tag and not is_valid_tag(tag):
+            raise invalid(f"{verb} bad tag {tag!r} (1-64 of a-z A-Z 0-9 . _ - :)")
         if not bodies:
             raise bad_body(f"{verb} invalid message count 0")
         sizes = list(map(len, bodies))
@@ -455,11 +492,14 @@ class TopicActor(Actor):
         self._ensure_exists()
         return sum(sizes)
 
-    def _publish(self, bodies: list[bytes], size: int, defer_ms: int, token: int = 0) -> int:
-        """Encode and hand on checked bodies (`size` bytes); returns how many
-        confirmations to await."""
+    def _publish(self, bodies: list[bytes], size: int, defer_ms: int, token: int = 0,
+                 tags: list[str] | None = None) -> int:
+        """Encode and hand on checked bodies (`size` bytes, `tags` one per body or None);
+        returns how many confirmations to await."""
         now = self.clock()
         encoded = self.guids.encode_batch(now, bodies)
+        if tags is not None:  # (kept as tagged records: see tag_record)
+            encoded = [tag_record(m, t) if t else m for m, t in zip(encoded, tags, strict=True)]
         self.message_count += len(encoded)
         self.message_bytes += size
         confirm = (self.name, token) if token else None
@@ -467,9 +507,8 @@ class TopicActor(Actor):
             due = now + defer_ms * 1_000_000
             items = [(m, due) for m in encoded]
             if self.channels:
-                for channel in self.channels:
-                    self.tell(self._channel_name(channel), ChannelPutDeferred(items, confirm))
-                return len(self.channels) if confirm else 0
+                sent = self._fanout_deferred(items, confirm)
+                return sent if confirm else 0
             self.deferred.extend(items)
             if not confirm:
                 return 0
@@ -477,13 +516,14 @@ class TopicActor(Actor):
             self.deferred_on_disk = True
             self.tell(self.dq, DqDefer(_delayed_entries(items), (confirm,)))
             return 1
-        return self._route(encoded, confirm)
+        return self._route(encoded, confirm, tags is not None)
 
-    def _route(self, encoded: list[bytes], confirm: tuple[str, int] | None = None) -> int:
+    def _route(self, encoded: list[bytes], confirm: tuple[str, int] | None = None,
+               tagged: bool = False) -> int:
         """Fan out, or keep in memory / on disk; returns the confirmations to await."""
         if self.channels and not self.paused and not self.memory and not self.disk_depth:
-            self._fanout(encoded, confirm)
-            return len(self.channels) if confirm else 0
+            sent = self._fanout(encoded, confirm, tagged)
+            return sent if confirm else 0
         room = max(0, self.options.mem_queue_size - len(self.memory))
         if not self.disk_depth:
             self.memory.extend(encoded[:room])
@@ -498,9 +538,43 @@ class TopicActor(Actor):
         self.put_since_read += len(encoded)
         return 1 if confirm else 0
 
-    def _fanout(self, encoded: list[bytes], confirm: tuple[str, int] | None = None) -> None:
+    def _fanout(self, records: list[bytes], confirm: tuple[str, int] | None = None,
+                tagged: bool | None = None) -> int:
+        """ChannelPut to every channel of what it takes; returns how many were sent.
+        `tagged`: whether any record carries a tag (None: look)."""
+        if tagged is None:
+            tagged = has_tagged(records)
+        if not tagged and not self.filters:  # (the path of a broker that has no tags)
+            for channel in self.channels:
+                self.tell(self._channel_name(channel), ChannelPut(records, confirm))
+            return len(self.channels)
+        pairs = [untag_record(r) for r in records]
+        every = [m for m, _ in pairs]
+        sent = 0
         for channel in self.channels:
-            self.tell(self._channel_name(channel), ChannelPut(encoded, confirm))
+            wanted = self.filters.get(channel)
+            messages = every if wanted is None else [m for m, t in pairs if t in wanted]
+            if messages:
+                self.tell(self._channel_name(channel), ChannelPut(messages, confirm))
+                sent += 1
+        return sent
+
+    def _fanout_deferred(self, items: list[tuple[bytes, int]],
+                         confirm: tuple[str, int] | None = None) -> int:
+        """ChannelPutDeferred, as `_fanout`, of `(record, due)` pairs."""
+        if not self.filters and not has_tagged([m for m, _ in items]):
+            for channel in self.channels:
+                self.tell(self._channel_name(channel), ChannelPutDeferred(items, confirm))
+            return len(self.channels)
+        triples = [(*untag_record(m), due) for m, due in items]
+        sent = 0
+        for channel in self.channels:
+            wanted = self.filters.get(channel)
+            mine = [(m, due) for m, t, due in triples if wanted is None or t in wanted]
+            if mine:
+                self.tell(self._channel_name(channel), ChannelPutDeferred(mine, confirm))
+                sent += 1
+        return sent
 
     def _stored(self, token: int, error: tuple[str, str, bool] | None) -> None:
         """A write confirmed: answer the publish (or ack the drained batch) after the last."""
@@ -523,10 +597,9 @@ class TopicActor(Actor):
         if not self.channels or self.paused:
             return
         if self.deferred:
-            for channel in self.channels:
-                self.tell(self._channel_name(channel), ChannelPutDeferred(self.deferred))
+            self._fanout_deferred(self.deferred)
             if self.deferred_on_disk:  # (the channels keep them now)
-                self.tell(self.dq, DqUndefer([m[10:26] for m, _ in self.deferred]))
+                self.tell(self.dq, DqUndefer([_message_id(m) for m, _ in self.deferred]))
             self.deferred, self.deferred_on_disk = [], False
         if self.memory:
             batch = list(self.memory)
@@ -547,9 +620,12 @@ class TopicActor(Actor):
         if self.channels and not self.paused:
             if self.durable_ack:  # ack the topic's queue only when the channels have them
                 token = next(self._tokens)
-                self.waiting[token] = _Waiting(len(self.channels),
-                                               drained=[p for p, _ in items])
-                self._fanout([m for _, m in items], (self.name, token))
+                drained = [p for p, _ in items]
+                sent = self._fanout([m for _, m in items], (self.name, token))
+                if sent:
+                    self.waiting[token] = _Waiting(sent, drained=drained)
+                else:  # (no channel takes any of them: their tags are filtered out)
+                    self.tell(self.dq, DqAck(drained))
             else:
                 self._fanout([m for _, m in items])
                 self.tell(self.dq, DqAck([p for p, _ in items]))
@@ -644,7 +720,31 @@ class TopicActor(Actor):
                 "backlog_alarm_depth": self._channel_config().backlog_alarm_depth,
                 "default": "backlog_alarm_depth" not in self.config}
 
+    def _channel_tags(self, channel: str, tags: Sequence[str] | None, *,
+                      create: bool) -> dict[str, Any]:
+        """ChannelTags: set (or only read) a channel's tag filter."""
+        if not is_valid_channel_name(channel):
+            raise bad_channel(channel, "CREATE_CHANNEL" if create else "CHANNEL_CONFIG")
+        wanted = _checked_tags(tags) if tags is not None else None
+        if not self.exists:  # (as /channel/create: nsqd's GetExistingTopic)
+            raise BrokerError(f"topic {self.topic} not found", code="E_TOPIC_NOT_FOUND")
+        if channel not in self.channels and not create:
+            raise BrokerError(f"channel {channel} not found", code="E_CHANNEL_NOT_FOUND")
+        changed = wanted is not None and wanted != self.filters.get(channel, frozenset())
+        if changed:  # (before a new channel takes the topic's backlog: filtered too)
+            if wanted:
+                self.filters[channel] = wanted
+            else:
+                self.filters.pop(channel, None)
+        if create:
+            self._command("create_channel", channel)
+        if changed:
+            self._write_meta()
+        return {"topic": self.topic, "channel": channel,
+                "tags": sorted(self.filters.get(channel, ()))}
+
     def _delete_channel(self, channel: str) -> None:
+        self.filters.pop(channel, None)
         if self.channels.pop(channel, None) is None:
             return
         announce(self, self.options, self.topic, channel, gone=True)
@@ -673,6 +773,8 @@ class TopicActor(Actor):
                                  for c in names], timeout=5)
         channels = [{"channel_name": c, "error": str(r)} if isinstance(r, Exception) else r
                     for c, r in zip(names, replies, strict=True)]
+        for c, entry in zip(names, channels, strict=True):
+            entry["tags"] = sorted(self.filters.get(c, ()))
         e2e = self._e2e(channels)
         return {
             "topic_name": self.topic,

@@ -1,0 +1,140 @@
+"""Tags (#21): a message may carry one; a channel may take only some tags."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from actors.broker import Broker
+from actors.broker.errors import BrokerError
+from tests.broker.conftest import broker_options
+from tests.broker.test_broker_actors import wait_for
+from tests.broker.test_zmq_broker import Collector
+from transport.client import Consumer
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture
+def broker(tmp_path) -> Iterator[Broker]:
+    b = Broker(broker_options(tmp_path / "data", queue_scan_interval=0.02)).start()
+    yield b
+    b.stop()
+
+
+def _depths(b: Broker, topic: str) -> dict[str, int]:
+    return {c["channel_name"]: c["depth"] for c in b.topic_stats(topic)["channels"]}
+
+
+def _tags(b: Broker, topic: str) -> dict[str, list[str]]:
+    return {c["channel_name"]: list(c["tags"]) for c in b.topic_stats(topic)["channels"]}
+
+
+def _publish_mixed(b: Broker, topic: str) -> None:
+    b.publish(topic, [b"r1", b"r2"], tag="red")
+    b.publish(topic, [b"b1"], tag="blue")
+    b.publish(topic, [b"plain"])
+
+
+def test_a_channel_takes_the_tags_of_its_filter_and_one_without_takes_everything(broker):
+    # Given channels filtering for red, for red and blue, and none
+    broker.topic_command("t", "hello")
+    assert broker.channel_tags("t", "reds", ["red"], create=True) == ["red"]
+    assert broker.channel_tags("t", "both", ["red", "blue"], create=True) == ["blue", "red"]
+    broker.topic_command("t", "create_channel", "all")
+    # When tagged and untagged messages are published
+    _publish_mixed(broker, "t")
+    # Then each channel's depth counts only what it will deliver
+    assert _depths(broker, "t") == {"reds": 2, "both": 3, "all": 4}
+    assert _tags(broker, "t") == {"reds": ["red"], "both": ["blue", "red"], "all": []}
+    # and a consumer of a filtered channel receives exactly those, unchanged
+    got = Collector()
+    with Consumer("t", "both", got, broker.zmq_endpoint):
+        wait_for(lambda: len(got.bodies) == 3, what="the channel's three messages")
+    assert sorted(got.bodies) == [b"b1", b"r1", b"r2"]
+
+
+def test_a_backlog_kept_by_the_topic_is_filtered_when_a_channel_appears(tmp_path):
+    # Given a topic with no channel keeping tagged messages, some in memory, some on disk
+    b = Broker(broker_options(tmp_path / "data", mem_queue_size=2)).start()
+    try:
+        b.topic_command("t", "hello")
+        _publish_mixed(b, "t")
+        _publish_mixed(b, "t")
+        assert b.topic_stats("t")["depth"] == 8
+        # When a channel filtering for blue appears
+        b.channel_tags("t", "blues", ["blue"], create=True)
+        # Then it takes only the blue ones; the topic has handed on everything
+        wait_for(lambda: _depths(b, "t") == {"blues": 2}, what="the blue backlog")
+        assert b.topic_stats("t")["depth"] == 0
+    finally:
+        b.stop()
+
+
+def test_a_filter_is_kept_across_a_restart_and_applies_to_what_was_kept_on_disk(tmp_path):
+    data = tmp_path / "data"
+    b = Broker(broker_options(data)).start()
+    try:
+        b.topic_command("t", "hello")
+        b.channel_tags("t", "reds", ["red"], create=True)
+        b.topic_command("t", "pause")  # (the topic keeps what is published)
+        _publish_mixed(b, "t")
+    finally:
+        b.stop()
+    # When the broker starts again and the topic is unpaused
+    b = Broker(broker_options(data)).start()
+    try:
+        assert b.channel_tags("t", "reds") == ["red"]
+        b.topic_command("t", "unpause")
+        # Then the channel takes the red messages kept through the restart, and only them
+        wait_for(lambda: _depths(b, "t") == {"reds": 2}, what="the red messages")
+        # and a filter set to nothing takes everything again
+        assert b.channel_tags("t", "reds", []) == []
+        _publish_mixed(b, "t")
+        assert _depths(b, "t") == {"reds": 6}
+    finally:
+        b.stop()
+
+
+def test_durable_publishes_no_channel_takes_are_answered_and_deferred_ones_filtered(tmp_path):
+    b = Broker(broker_options(tmp_path / "data", mem_queue_size=0)).start()
+    try:
+        b.topic_command("t", "hello")
+        b.channel_tags("t", "reds", ["red"], create=True)
+        b.channel_tags("t", "blues", ["blue"], create=True)
+        # When a message neither channel takes is published (answered after fsync: no
+        # write is awaited for it), and a deferred red one
+        b.publish("t", [b"green"], tag="green", timeout=5)
+        b.publish("t", [b"later"], defer_ms=60_000, tag="red")
+        # Then nothing is queued for either, and the red channel defers the red message
+        stats = {c["channel_name"]: c for c in b.topic_stats("t")["channels"]}
+        assert (stats["reds"]["depth"], stats["reds"]["deferred_count"]) == (0, 1)
+        assert (stats["blues"]["depth"], stats["blues"]["deferred_count"]) == (0, 0)
+    finally:
+        b.stop()
+
+
+@pytest.mark.parametrize("tag", ["has space", "a,b", "x" * 65, "é"])
+def test_a_bad_tag_is_refused_with_a_sentence_and_nothing_is_published(broker, tag):
+    broker.topic_command("t", "hello")
+    broker.topic_command("t", "create_channel", "all")
+    with pytest.raises(BrokerError) as e:
+        broker.publish("t", [b"x"], tag=tag)
+    assert e.value.code == "E_INVALID"
+    assert "bad tag" in str(e.value)
+    with pytest.raises(BrokerError) as e:
+        broker.channel_tags("t", "all", [tag])
+    assert e.value.code == "E_INVALID"
+    assert _depths(broker, "t") == {"all": 0}
+    assert _tags(broker, "t") == {"all": []}
+
+
+def test_a_filter_of_a_channel_or_topic_that_does_not_exist_is_not_found(broker):
+    with pytest.raises(BrokerError) as e:
+        broker.channel_tags("nope", "c", ["red"])
+    assert e.value.code == "E_TOPIC_NOT_FOUND"
+    broker.topic_command("t", "hello")
+    with pytest.raises(BrokerError) as e:
+        broker.channel_tags("t", "c", ["red"])
+    assert e.value.code == "E_CHANNEL_NOT_FOUND"
