@@ -42,7 +42,14 @@ from actors.broker.client import (
     ClientTick,
     ClientTouch,
 )
-from actors.broker.messages import Alive, Publish, TopicCommand, TopicConfig, TopicStats
+from actors.broker.messages import (
+    Alive,
+    ChannelTags,
+    Publish,
+    TopicCommand,
+    TopicConfig,
+    TopicStats,
+)
 from actors.broker.options import BrokerOptions, run_dir_for
 from actors.runtime.actor import Actor, current_endpoint
 from actors.runtime.control import ControlClient
@@ -102,8 +109,8 @@ class GatewayFacade:
     def _ask(self, name: str, msg: Any) -> Any:
         return current_endpoint().ask(name, msg, self.timeout)
 
-    def publish(self, topic: str, bodies: list[bytes], defer_ms: int = 0) -> None:
-        reply = self._ask(f"topic:{topic}", Publish(list(bodies), defer_ms))
+    def publish(self, topic: str, bodies: list[bytes], defer_ms: int = 0, tag: str = "") -> None:
+        reply = self._ask(f"topic:{topic}", Publish(list(bodies), defer_ms, tag=tag))
         health.record_publish(reply)
         _raise(reply)
 
@@ -111,6 +118,14 @@ class GatewayFacade:
         if command not in _COMMANDS:
             raise ProtocolError("E_INVALID", f"unknown topic command {command}")
         _raise(self._ask(f"topic:{topic}", TopicCommand(_COMMANDS[command], channel)))
+
+    def channel_tags(self, topic: str, channel: str, tags: list[str] | None,
+                     create: bool = False) -> dict[str, Any]:
+        reply = self._ask(f"topic:{topic}",
+                          ChannelTags(channel, tuple(tags) if tags is not None else None, create))
+        if isinstance(reply, tuple):
+            _raise(reply)
+        return {**reply, "tags": list(reply["tags"])}
 
     def topic_config(self, topic: str, values: dict[str, Any] | None) -> dict[str, Any]:
         reply = self._ask(f"topic:{topic}", TopicConfig(values))

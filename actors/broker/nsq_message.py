@@ -49,6 +49,8 @@ import struct
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from transport.protocol.validation import valid_tag
+
 __all__ = [
     "EPHEMERAL_SUFFIX",
     "FIRST_ATTEMPT",
@@ -296,15 +298,14 @@ def is_ephemeral(name: str) -> bool:
 # ----------------------------------------------------------------------------- tags
 
 MAX_TAG_LENGTH = 64
-_TAG_RE = re.compile(r"[.a-zA-Z0-9_:-]{1,64}")
 _TAG_MARK = 0xFF
 """First byte of a tagged record.  An encoded message starts with its timestamp in
 nanoseconds, big-endian: its first byte is below 0x80 until the year 2262."""
 
 
 def is_valid_tag(tag: str) -> bool:
-    """A tag is 1-64 of ``a-z A-Z 0-9 . _ - :`` (no comma: filters are comma lists)."""
-    return isinstance(tag, str) and _TAG_RE.fullmatch(tag) is not None
+    """A tag is 1-64 of ``a-z A-Z 0-9 . _ - :`` (transport.protocol.validation)."""
+    return isinstance(tag, str) and tag.isascii() and valid_tag(tag.encode("ascii"))
 
 
 def tag_record(encoded: bytes, tag: str) -> bytes:

@@ -97,6 +97,7 @@ from actors.broker.nsq_message import (
 from actors.broker.options import BrokerOptions
 from actors.runtime.actor import Actor
 from storage.meta import write_atomic
+from transport.protocol.validation import TAG_RULE
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ def _message_id(record: bytes) -> bytes:
 def _checked_tags(tags: Sequence[str]) -> frozenset[str]:
     bad = [t for t in tags if not is_valid_tag(t)]
     if bad:
-        raise invalid(f"bad tag {bad[0]!r} (1-64 of a-z A-Z 0-9 . _ - :)")
+        raise invalid(f"bad tag {bad[0]!r} ({TAG_RULE})")
     return frozenset(tags)
 
 
@@ -477,7 +478,7 @@ class TopicActor(Actor):
         if not self.valid:
             raise bad_topic(self.topic, verb)
         if tag and not is_valid_tag(tag):
-            raise invalid(f"{verb} bad tag {tag!r} (1-64 of a-z A-Z 0-9 . _ - :)")
+            raise invalid(f"{verb} bad tag {tag!r} ({TAG_RULE})")
         if not bodies:
             raise bad_body(f"{verb} invalid message count 0")
         sizes = list(map(len, bodies))

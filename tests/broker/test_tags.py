@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -10,6 +11,7 @@ from actors.broker import Broker
 from actors.broker.errors import BrokerError
 from tests.broker.conftest import broker_options
 from tests.broker.test_broker_actors import wait_for
+from tests.broker.test_http_broker import call, stats
 from tests.broker.test_zmq_broker import Collector
 from transport.client import Consumer
 
@@ -138,3 +140,33 @@ def test_a_filter_of_a_channel_or_topic_that_does_not_exist_is_not_found(broker)
     with pytest.raises(BrokerError) as e:
         broker.channel_tags("t", "c", ["red"])
     assert e.value.code == "E_CHANNEL_NOT_FOUND"
+
+
+def test_over_http_tags_are_published_filters_set_and_stats_show_them(broker):
+    # Given a topic with a channel created with a filter over HTTP, and one without
+    assert call(broker, "POST", "/topic/create?topic=h")[0] == 200
+    assert call(broker, "POST", "/channel/create?topic=h&channel=reds&tags=red")[0] == 200
+    assert call(broker, "POST", "/channel/create?topic=h&channel=all")[0] == 200
+    # When tagged messages are published by /pub and /mpub, and an untagged one
+    assert call(broker, "POST", "/pub?topic=h&tag=red", b"r1")[0] == 200
+    assert call(broker, "POST", "/mpub?topic=h&tag=blue", b"b1\nb2")[0] == 200
+    assert call(broker, "POST", "/pub?topic=h", b"plain")[0] == 200
+    # Then /stats shows each channel's depth and filter
+    (topic,) = stats(broker, "&topic=h")["topics"]
+    assert {c["channel_name"]: (c["depth"], c["tags"]) for c in topic["channels"]} == \
+        {"reds": (1, ["red"]), "all": (4, [])}
+    # and /channel/config reads and changes the filter, kept in the topic's metadata
+    status, body = call(broker, "POST", "/channel/config?topic=h&channel=all&tags=blue,green")
+    assert (status, json.loads(body)["tags"]) == (200, ["blue", "green"])
+    assert json.loads(call(broker, "GET", "/channel/config?topic=h&channel=all")[1]) == \
+        {"topic": "h", "channel": "all", "tags": ["blue", "green"]}
+    with open(f"{broker.options.data_path}/h.topic.json", encoding="utf-8") as f:
+        meta = json.load(f)
+    assert meta["channels"] == {"all": {"paused": False, "tags": ["blue", "green"]},
+                                "reds": {"paused": False, "tags": ["red"]}}
+    # and an unknown channel or topic is a 404, a bad tag a 400
+    assert call(broker, "GET", "/channel/config?topic=h&channel=nope") == \
+        (404, b'{"message":"CHANNEL_NOT_FOUND"}')
+    assert call(broker, "POST", "/channel/config?topic=none&channel=c&tags=a")[0] == 404
+    assert call(broker, "POST", "/pub?topic=h&tag=a%2Cb", b"x") == \
+        (400, b'{"message":"INVALID_TAG"}')

@@ -69,6 +69,7 @@ from transport.protocol.validation import (
     check_message_size,
     check_mpub_count,
     check_topic,
+    valid_tag,
 )
 from transport.tls import peer_details
 
@@ -87,8 +88,9 @@ class BrokerFacade(Protocol):
     codes; anything else becomes a 500 ``INTERNAL_ERROR``.
     """
 
-    def publish(self, topic: str, bodies: list[bytes], defer_ms: int = 0) -> None:
-        """Queue ``bodies`` on ``topic`` (created if needed), all or none.
+    def publish(self, topic: str, bodies: list[bytes], defer_ms: int = 0, tag: str = "") -> None:
+        """Queue ``bodies`` on ``topic`` (created if needed), all or none, tagged
+        with ``tag`` if it is not empty.
 
         Raises ``E_BAD_TOPIC``, ``E_BAD_MESSAGE`` (empty or too big),
         ``E_BAD_BODY``, ``E_INVALID`` (defer out of range), ``E_PUB_FAILED``
@@ -104,6 +106,13 @@ class BrokerFacade(Protocol):
         Raises ``E_BAD_TOPIC``, ``E_BAD_CHANNEL``, ``E_TOPIC_NOT_FOUND``,
         ``E_CHANNEL_NOT_FOUND``.
         """
+        ...
+
+    def channel_tags(self, topic: str, channel: str, tags: list[str] | None,
+                     create: bool = False) -> dict[str, Any]:
+        """Set a channel's tag filter (``[]``: none; created first if ``create``), or
+        with ``tags`` None read it: ``{"topic", "channel", "tags": [...]}``.  Raises
+        ``E_TOPIC_NOT_FOUND``, ``E_CHANNEL_NOT_FOUND``, ``E_INVALID``."""
         ...
 
     def topic_config(self, topic: str, values: dict[str, Any] | None) -> dict[str, Any]:
@@ -260,6 +269,27 @@ _BAD_TOPIC_BY_COMMAND = {"delete": (404, "TOPIC_NOT_FOUND"), "pause": (404, "TOP
                          "unpause": (404, "TOPIC_NOT_FOUND")}
 
 
+def _tag_arg(request: web.Request) -> str:
+    """``tag``: the messages' tag (#21), '' without one; 400 ``INVALID_TAG`` if bad."""
+    raw = request.query.get("tag")
+    if raw is None:
+        return ""
+    if not raw.isascii() or not valid_tag(raw.encode("ascii")):
+        raise HttpError(400, "INVALID_TAG")
+    return raw
+
+
+def _tags_arg(request: web.Request) -> list[str] | None:
+    """``tags``: a channel's filter, a comma list (``tags=`` for none); None if absent."""
+    raw = request.query.get("tags")
+    if raw is None:
+        return None
+    tags = [t for t in raw.split(",") if t]
+    if not all(t.isascii() and valid_tag(t.encode("ascii")) for t in tags):
+        raise HttpError(400, "INVALID_ARG_TAGS")
+    return tags
+
+
 def _defer_arg(request: web.Request, limits: Limits) -> int:
     """``defer`` in ms: a decimal within ``0..max_req_timeout`` (nsqd's ``INVALID_DEFER``)."""
     raw = request.query.get("defer")
@@ -338,8 +368,9 @@ async def _pub(request: web.Request) -> web.Response:
         raise HttpError(400, "MSG_EMPTY")
     topic = _topic_arg(request)
     defer_ms = _defer_arg(request, limits)
+    tag = _tag_arg(request)
     try:
-        await call(request, request.app[FACADE].publish, topic, [body], defer_ms)
+        await call(request, request.app[FACADE].publish, topic, [body], defer_ms, tag)
     except Exception as e:
         raise _map_error(e, _PUB_ERRORS, "PUB") from e
     return v1("OK")
@@ -350,6 +381,7 @@ async def _mpub(request: web.Request) -> web.Response:
     if request.content_length is not None and request.content_length > limits.max_body_size:
         raise HttpError(413, "BODY_TOO_BIG")
     topic = _topic_arg(request)
+    tag = _tag_arg(request)
     body = await _read_bounded(request, limits.max_body_size)
     if body is None:
         raise HttpError(413, "BODY_TOO_BIG")
@@ -364,7 +396,7 @@ async def _mpub(request: web.Request) -> web.Response:
     if not bodies:
         return v1("OK")  # nsqd: a body of empty lines publishes nothing and succeeds
     try:
-        await call(request, request.app[FACADE].publish, topic, bodies, 0)
+        await call(request, request.app[FACADE].publish, topic, bodies, 0, tag)
     except Exception as e:
         raise _map_error(e, _PUB_ERRORS, "MPUB") from e
     return v1("OK")
@@ -381,8 +413,13 @@ def _command_handler(command: str, *, channel: bool) -> _Handler:
         else:
             topic = _topic_arg(request, _BAD_TOPIC_BY_COMMAND.get(command, (400, "INVALID_TOPIC")))
             channel_name = ""
+        facade = request.app[FACADE]
+        tags = _tags_arg(request) if command == "create_channel" else None
         try:
-            await call(request, request.app[FACADE].topic_command, topic, command, channel_name)
+            if tags is not None:  # (created with its filter at once: no message slips by)
+                await call(request, facade.channel_tags, topic, channel_name, tags, True)
+            else:
+                await call(request, facade.topic_command, topic, command, channel_name)
         except Exception as e:
             raise _map_error(e, _COMMAND_ERRORS, f"{request.path}") from e
         return v1()
@@ -415,6 +452,23 @@ async def _topic_config(request: web.Request) -> web.Response:
             raise HttpError(400, "MISSING_ARG_SETTING")
     try:
         reply = await call(request, request.app[FACADE].topic_config, topic, values)
+    except Exception as e:
+        raise _map_error(e, _COMMAND_ERRORS, request.path) from e
+    return v1(reply)
+
+
+async def _channel_config(request: web.Request) -> web.Response:
+    """``GET /channel/config?topic=T&channel=C``: the channel's tag filter; ``POST`` with
+    ``tags=a,b`` (``tags=`` for none) sets it, kept across restarts."""
+    topic = _topic_arg(request, (400, "INVALID_ARG_TOPIC"))
+    channel = _channel_arg(request, (400, "INVALID_ARG_CHANNEL"))
+    tags = None
+    if request.method == "POST":
+        tags = _tags_arg(request)
+        if tags is None:
+            raise HttpError(400, "MISSING_ARG_SETTING")
+    try:
+        reply = await call(request, request.app[FACADE].channel_tags, topic, channel, tags)
     except Exception as e:
         raise _map_error(e, _COMMAND_ERRORS, request.path) from e
     return v1(reply)
@@ -506,6 +560,8 @@ def make_app(facade: BrokerFacade, limits: Limits | None = None, *,
     get("/metrics", _metrics)
     get("/topic/config", _topic_config)
     app.router.add_post("/topic/config", _topic_config)
+    get("/channel/config", _channel_config)
+    app.router.add_post("/channel/config", _channel_config)
     app.router.add_post("/pub", _pub)
     app.router.add_post("/mpub", _mpub)
     for command in ("create", "delete", "empty", "pause", "unpause"):

@@ -54,6 +54,7 @@ __all__ = [
     "check_message_size",
     "check_mpub_count",
     "check_rdy",
+    "check_tag",
     "check_topic",
     "go_quote",
     "invalid",
@@ -63,6 +64,7 @@ __all__ = [
     "split_mpub_body",
     "states_allowing",
     "valid_name",
+    "valid_tag",
 ]
 
 DISK_FULL = "disk full"
@@ -232,6 +234,23 @@ def check_channel(name: bytes, command: str) -> str:
         msg = f"{command} channel name {go_quote(name)} is not valid"
         raise ProtocolError("E_BAD_CHANNEL", msg)
     return name.decode("ascii")
+
+
+_TAG_RE = re.compile(rb"[.a-zA-Z0-9_:-]{1,64}")
+TAG_RULE = "1-64 of a-z A-Z 0-9 . _ - :"
+
+
+def valid_tag(tag: bytes) -> bool:
+    """A message's tag (#21): 1-64 of ``[.a-zA-Z0-9_:-]`` (no comma: a channel's filter
+    is a comma list of tags)."""
+    return _TAG_RE.fullmatch(tag) is not None
+
+
+def check_tag(tag: bytes, command: str) -> str:
+    """The tag as text, or ``E_INVALID`` with a sentence."""
+    if not valid_tag(tag):
+        raise ProtocolError("E_INVALID", f"{command} bad tag {go_quote(tag)} ({TAG_RULE})")
+    return tag.decode("ascii")
 
 
 def parse_decimal(raw: bytes, command: str, what: str) -> int:

@@ -85,13 +85,18 @@ class FakeFacade:
         if call[0] in self.errors:
             raise self.errors[call[0]]
 
-    def publish(self, topic: str, bodies: list[bytes], defer_ms: int = 0) -> None:
-        self._record("publish", topic, list(bodies), defer_ms)
+    def publish(self, topic: str, bodies: list[bytes], defer_ms: int = 0, tag: str = "") -> None:
+        self._record("publish", topic, list(bodies), defer_ms, *([tag] if tag else []))
         if self.gate is not None:
             assert self.gate.wait(5)
 
     def topic_command(self, topic: str, command: str, channel: str = "") -> None:
         self._record("topic_command", topic, command, channel)
+
+    def channel_tags(self, topic: str, channel: str, tags: list[str] | None,
+                     create: bool = False) -> dict:
+        self._record("channel_tags", topic, channel, tags, create)
+        return {"topic": topic, "channel": channel, "tags": sorted(tags or [])}
 
     def stats(self, topic: str | None, channel: str | None, include_clients: bool,
               include_storage: bool = False) -> dict:
@@ -912,3 +917,44 @@ def test_make_app_serves_on_any_event_loop_with_the_default_executor() -> None:
 
     assert asyncio.run(scenario()) == (200, "OK", 0)
     assert publishes(facade) == [("publish", "t", [b"m"], 0)]
+
+
+# ---------------------------------------------------------------------------
+# Tags (#21): tag= on /pub and /mpub, a channel's filter on /channel/create and config
+
+
+def test_pub_and_mpub_pass_a_tag_and_refuse_a_bad_one(
+        server: HttpServer, facade: FakeFacade) -> None:
+    assert call(server, "POST", "/pub?topic=t&tag=red", b"m").status == 200
+    assert call(server, "POST", "/mpub?topic=t&tag=a.b:c-1_2", b"x\ny").status == 200
+    assert call(server, "POST", "/pub?topic=t&defer=10&tag=red", b"m").status == 200
+    assert publishes(facade) == [("publish", "t", [b"m"], 0, "red"),
+                                 ("publish", "t", [b"x", b"y"], 0, "a.b:c-1_2"),
+                                 ("publish", "t", [b"m"], 10, "red")]
+    for bad in ("a%2Cb", "a%20b", "x" * 65, "%C3%A9", ""):
+        for path in ("/pub", "/mpub"):
+            reply = call(server, "POST", f"{path}?topic=t&tag={bad}", b"m")
+            assert (reply.status, reply.message) == (400, "INVALID_TAG"), (path, bad)
+    assert len(publishes(facade)) == 3
+
+
+def test_a_channel_is_created_with_its_filter_and_its_config_reads_and_sets_it(
+        server: HttpServer, facade: FakeFacade) -> None:
+    assert call(server, "POST", "/channel/create?topic=t&channel=c&tags=red,blue").status == 200
+    reply = call(server, "POST", "/channel/config?topic=t&channel=c&tags=green")
+    assert (reply.status, reply.json()) == (200, {"topic": "t", "channel": "c", "tags": ["green"]})
+    assert call(server, "POST", "/channel/config?topic=t&channel=c&tags=").json()["tags"] == []
+    assert call(server, "GET", "/channel/config?topic=t&channel=c").status == 200
+    assert [c for c in facade.calls if c[0] == "channel_tags"] == [
+        ("channel_tags", "t", "c", ["red", "blue"], True),
+        ("channel_tags", "t", "c", ["green"], False),
+        ("channel_tags", "t", "c", [], False),
+        ("channel_tags", "t", "c", None, False)]
+    # (a POST without tags= sets nothing; a bad tag is refused before the broker is asked)
+    reply = call(server, "POST", "/channel/config?topic=t&channel=c")
+    assert (reply.status, reply.message) == (400, "MISSING_ARG_SETTING")
+    for path in ("/channel/config?topic=t&channel=c&tags=ok,a%20b",
+                 "/channel/create?topic=t&channel=c&tags=" + "x" * 65):
+        reply = call(server, "POST", path)
+        assert (reply.status, reply.message) == (400, "INVALID_ARG_TAGS")
+    assert len([c for c in facade.calls if c[0] == "channel_tags"]) == 4
