@@ -155,17 +155,18 @@ class Producer:
         self.retry_for = retry_for
         self.retried = 0  # messages sent again after a broker failed to answer
 
-    def publish(self, topic: str, body: bytes) -> None:
-        self._call([pc.Pub(topic, body)])
+    def publish(self, topic: str, body: bytes, tag: str = "") -> None:
+        """PUB (TPUB with a `tag`: channels filtering by tag take it or not, #21)."""
+        self._call([pc.Pub(topic, body, tag)])
 
-    def multi_publish(self, topic: str, bodies: Sequence[bytes]) -> None:
-        self._call([pc.Mpub(topic, tuple(bodies))])
+    def multi_publish(self, topic: str, bodies: Sequence[bytes], tag: str = "") -> None:
+        self._call([pc.Mpub(topic, tuple(bodies), tag)])
 
-    def deferred_publish(self, topic: str, delay_ms: int, body: bytes) -> None:
-        self._call([pc.Dpub(topic, delay_ms, body)])
+    def deferred_publish(self, topic: str, delay_ms: int, body: bytes, tag: str = "") -> None:
+        self._call([pc.Dpub(topic, delay_ms, body, tag)])
 
     def publish_batch(self, topic: str, bodies: Sequence[bytes], batch_size: int = 200,
-                      max_bytes: int = MAX_BATCH_BYTES) -> None:
+                      max_bytes: int = MAX_BATCH_BYTES, tag: str = "") -> None:
         """Publish many bodies as MPUBs of `batch_size`, pipelined: one wait for all.
 
         An MPUB also stops before its NSQ-encoded body (4 bytes, then 4 + size per
@@ -177,11 +178,11 @@ class Producer:
         for i, body in enumerate(bodies):
             grown = size + 4 + len(body)
             if i > start and (i - start >= batch_size or grown > max_bytes):
-                commands.append(pc.Mpub(topic, tuple(bodies[start:i])))
+                commands.append(pc.Mpub(topic, tuple(bodies[start:i]), tag))
                 start, grown = i, 8 + len(body)
             size = grown
         if start < len(bodies):
-            commands.append(pc.Mpub(topic, tuple(bodies[start:])))
+            commands.append(pc.Mpub(topic, tuple(bodies[start:]), tag))
         if commands:
             self._call(commands)
 

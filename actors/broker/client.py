@@ -122,6 +122,7 @@ class ClientPub:
     bodies: list[bytes]
     defer_ms: int = 0
     corr: bytes | None = None
+    tag: str = ""
 
 
 @message
@@ -345,7 +346,7 @@ class ClientActor(Actor):
             case ClientTouch(id=msg_id):
                 self._require_sub("TOUCH")
                 self.tell(self.channel, Touch(self.name, msg_id))
-            case ClientPub(topic=topic, bodies=bodies, defer_ms=defer_ms, corr=corr):
+            case ClientPub(topic=topic, bodies=bodies, defer_ms=defer_ms, corr=corr, tag=tag):
                 if not is_valid_topic_name(topic):
                     raise bad_topic(topic, "DPUB" if defer_ms else "PUB")
                 self.pub_seq += 1
@@ -353,7 +354,7 @@ class ClientActor(Actor):
                 self.pub_topics[self.pub_seq] = (topic, len(bodies))
                 self._expire_publishes()
                 self.publishing.setdefault(f"topic:{topic}", []).append(
-                    Publish(list(bodies), defer_ms, self.name, self.pub_seq))
+                    Publish(list(bodies), defer_ms, self.name, self.pub_seq, tag))
                 self.publishing_bodies += len(bodies)
                 if self.publishing_bodies >= GATHER_MAX:
                     self._send_publishes()

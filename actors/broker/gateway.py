@@ -403,12 +403,12 @@ class ProtocolBridge:
 def to_client_message(command: Any, corr: bytes | None) -> Any:
     """The client-actor message for a protocol command (None: nothing to forward)."""
     match command:
-        case pc.Pub(topic=topic, body=body):
-            return ClientPub(topic, [body], 0, corr)
-        case pc.Mpub(topic=topic, bodies=bodies):
-            return ClientPub(topic, list(bodies), 0, corr)
-        case pc.Dpub(topic=topic, delay_ms=delay_ms, body=body):
-            return ClientPub(topic, [body], delay_ms, corr)
+        case pc.Pub(topic=topic, body=body, tag=tag):
+            return ClientPub(topic, [body], 0, corr, tag)
+        case pc.Mpub(topic=topic, bodies=bodies, tag=tag):
+            return ClientPub(topic, list(bodies), 0, corr, tag)
+        case pc.Dpub(topic=topic, delay_ms=delay_ms, body=body, tag=tag):
+            return ClientPub(topic, [body], delay_ms, corr, tag)
         case pc.Sub(topic=topic, channel=channel):
             return ClientSub(topic, channel, corr)
         case pc.Rdy(count=count):

@@ -13,7 +13,9 @@ from tests.broker.conftest import broker_options
 from tests.broker.test_broker_actors import wait_for
 from tests.broker.test_http_broker import call, stats
 from tests.broker.test_zmq_broker import Collector
-from transport.client import Consumer
+from transport.client import BrokerRefused, Consumer, Producer
+from transport.nsq.client_codec import encode_command
+from transport.protocol import commands as pc
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -170,3 +172,32 @@ def test_over_http_tags_are_published_filters_set_and_stats_show_them(broker):
     assert call(broker, "POST", "/channel/config?topic=none&channel=c&tags=a")[0] == 404
     assert call(broker, "POST", "/pub?topic=h&tag=a%2Cb", b"x") == \
         (400, b'{"message":"INVALID_TAG"}')
+
+
+def test_over_zeromq_a_producer_publishes_tagged_messages_a_filtered_consumer_receives(broker):
+    # Given a channel taking only eu messages, and a consumer on it
+    broker.topic_command("z", "hello")
+    broker.channel_tags("z", "eu", ["eu"], create=True)
+    got = Collector()
+    with Consumer("z", "eu", got, broker.zmq_endpoint) as _, Producer(broker.zmq_endpoint) as p:
+        # When a producer publishes with and without tags (TPUB, TMPUB, TDPUB, PUB)
+        p.publish("z", b"e1", tag="eu")
+        p.publish("z", b"u1", tag="us")
+        p.multi_publish("z", [b"e2", b"e3"], tag="eu")
+        p.publish_batch("z", [b"e%d" % i for i in range(4, 10)], batch_size=2, tag="eu")
+        p.deferred_publish("z", 10, b"e10", tag="eu")
+        p.publish("z", b"plain")
+        # Then the consumer receives the eu ones only
+        wait_for(lambda: len(got.bodies) == 10, what="the ten eu messages")
+        assert sorted(got.bodies) == sorted([b"e%d" % i for i in range(1, 11)])
+        # and a bad tag is refused with a sentence (as nsqd refuses a bad PUB); the
+        # producer goes on publishing
+        with pytest.raises(BrokerRefused, match="TPUB bad tag"):
+            p.publish("z", b"x", tag="a b")
+        p.publish("z", b"e11", tag="eu")
+        wait_for(lambda: len(got.bodies) == 11, what="the next eu message")
+
+
+def test_an_nsq_tcp_client_cannot_send_a_tag():
+    with pytest.raises(ValueError, match="NSQ TCP cannot carry a tag"):
+        encode_command(pc.Pub("t", b"x", "red"))

@@ -85,7 +85,12 @@ def _sized(body: bytes) -> bytes:
 
 
 def encode_command(command: Command) -> bytes:
-    """The V2 bytes of one command (a :class:`Fin` of several ids becomes several lines)."""
+    """The V2 bytes of one command (a :class:`Fin` of several ids becomes several lines).
+
+    ValueError for a tagged publish: NSQ V2 has no place for a tag (#21)."""
+    if getattr(command, "tag", ""):
+        raise ValueError("NSQ TCP cannot carry a tag: publish tagged messages over "
+                         "ZeroMQ (TPUB) or HTTP (/pub?tag=)")
     match command:
         case Pub(topic, body):
             return _line(b"PUB", topic) + _sized(body)

@@ -81,27 +81,32 @@ class Sub:
 
 @dataclass(frozen=True, slots=True)
 class Pub:
-    """PUB: publish one message."""
+    """PUB: publish one message (TPUB over ZeroMQ: with a tag, #21)."""
 
     topic: str
     body: bytes
+    tag: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class Mpub:
-    """MPUB: publish several messages atomically (all or none are queued)."""
+    """MPUB: publish several messages atomically (all or none are queued); TMPUB
+    over ZeroMQ, with a tag."""
 
     topic: str
     bodies: tuple[bytes, ...]
+    tag: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class Dpub:
-    """DPUB: publish one message that becomes visible after ``delay_ms``."""
+    """DPUB: publish one message that becomes visible after ``delay_ms``; TDPUB over
+    ZeroMQ, with a tag."""
 
     topic: str
     delay_ms: int
     body: bytes
+    tag: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,6 +75,7 @@ from transport.protocol.validation import (
     check_message_size,
     check_mpub_count,
     check_rdy,
+    check_tag,
     check_topic,
     invalid,
     invalid_command,
@@ -174,31 +175,47 @@ def _sub(args: Sequence[bytes], _limits: Limits, _server: ServerInfo) -> Command
     return Sub(check_topic(args[0], "SUB"), check_channel(args[1], "SUB"))
 
 
-def _pub(args: Sequence[bytes], limits: Limits, _server: ServerInfo) -> Command:
-    _arity(args, "PUB", 2)
-    topic = check_topic(args[0], "PUB")
-    check_message_size(len(args[1]), "PUB", limits)
-    return Pub(topic, args[1])
+def _pub(args: Sequence[bytes], limits: Limits, _server: ServerInfo, tag: str = "",
+         name: str = "PUB") -> Command:
+    _arity(args, name, 2)
+    topic = check_topic(args[0], name)
+    check_message_size(len(args[1]), name, limits)
+    return Pub(topic, args[1], tag)
 
 
-def _mpub(args: Sequence[bytes], limits: Limits, _server: ServerInfo) -> Command:
-    _arity(args, "MPUB", 2, at_least=True)
-    topic = check_topic(args[0], "MPUB")
+def _mpub(args: Sequence[bytes], limits: Limits, _server: ServerInfo, tag: str = "",
+          name: str = "MPUB") -> Command:
+    _arity(args, name, 2, at_least=True)
+    topic = check_topic(args[0], name)
     bodies = tuple(args[1:])
     check_mpub_count(len(bodies), limits)
     # the size this batch's body would have on NSQ V2: count, then (size, body)*
-    check_body_size(4 + 4 * len(bodies) + sum(map(len, bodies)), "MPUB", limits)
+    check_body_size(4 + 4 * len(bodies) + sum(map(len, bodies)), name, limits)
     for i, body in enumerate(bodies):
-        check_message_size(len(body), "MPUB", limits, i)
-    return Mpub(topic, bodies)
+        check_message_size(len(body), name, limits, i)
+    return Mpub(topic, bodies, tag)
 
 
-def _dpub(args: Sequence[bytes], limits: Limits, _server: ServerInfo) -> Command:
-    _arity(args, "DPUB", 3)
-    topic = check_topic(args[0], "DPUB")
-    delay = check_delay(parse_decimal(args[1], "DPUB", "timeout"), "DPUB", limits)
-    check_message_size(len(args[2]), "DPUB", limits)
-    return Dpub(topic, delay, args[2])
+def _dpub(args: Sequence[bytes], limits: Limits, _server: ServerInfo, tag: str = "",
+          name: str = "DPUB") -> Command:
+    _arity(args, name, 3)
+    topic = check_topic(args[0], name)
+    delay = check_delay(parse_decimal(args[1], name, "timeout"), name, limits)
+    check_message_size(len(args[2]), name, limits)
+    return Dpub(topic, delay, args[2], tag)
+
+
+def _tagged(name: str, untagged: Callable[..., Command], n: int, *, at_least: bool = False
+            ) -> Callable[[Sequence[bytes], Limits, ServerInfo], Command]:
+    """TPUB, TMPUB, TDPUB (#21): the untagged command's arguments with the tag second
+    (``TPUB topic tag body``); `n` arguments (at least, for TMPUB)."""
+
+    def parse(args: Sequence[bytes], limits: Limits, server: ServerInfo) -> Command:
+        _arity(args, name, n, at_least=at_least)
+        tag = check_tag(args[1], name)
+        return untagged([args[0], *args[2:]], limits, server, tag, name)
+
+    return parse
 
 
 def _rdy(args: Sequence[bytes], limits: Limits, _server: ServerInfo) -> Command:
@@ -236,6 +253,9 @@ _HANDLERS: dict[bytes, Callable[[Sequence[bytes], Limits, ServerInfo], Command]]
     b"PUB": _pub,
     b"MPUB": _mpub,
     b"DPUB": _dpub,
+    b"TPUB": _tagged("TPUB", _pub, 3),
+    b"TMPUB": _tagged("TMPUB", _mpub, 3, at_least=True),
+    b"TDPUB": _tagged("TDPUB", _dpub, 4),
     b"FIN": _fin,
     b"RDY": _rdy,
     b"REQ": _req,
@@ -327,12 +347,18 @@ def encode_request(command: Command, corr: bytes | None = None) -> list[bytes]:
         raise ValueError(msg)
     frames = [] if corr is None else [corr]
     match command:
-        case Pub(topic, body):
+        case Pub(topic, body, ""):
             frames += [b"PUB", topic.encode(), body]
-        case Mpub(topic, bodies):
+        case Pub(topic, body, tag):
+            frames += [b"TPUB", topic.encode(), tag.encode(), body]
+        case Mpub(topic, bodies, ""):
             frames += [b"MPUB", topic.encode(), *bodies]
-        case Dpub(topic, delay_ms, body):
+        case Mpub(topic, bodies, tag):
+            frames += [b"TMPUB", topic.encode(), tag.encode(), *bodies]
+        case Dpub(topic, delay_ms, body, ""):
             frames += [b"DPUB", topic.encode(), b"%d" % delay_ms, body]
+        case Dpub(topic, delay_ms, body, tag):
+            frames += [b"TDPUB", topic.encode(), tag.encode(), b"%d" % delay_ms, body]
         case Fin(ids):
             frames += [b"FIN", *ids]
         case Rdy(count):

@@ -50,6 +50,9 @@ COMMANDS: list[Command] = [
     Pub("orders#ephemeral", b"\x00#\xff"),
     Mpub("orders", (b"a", b"bc", b"d" * 100)),
     Dpub("orders", 5000, b"later"),
+    Pub("orders", b"hello", "red"),
+    Mpub("orders", (b"a", b"bc"), "eu-west:1.a_b"),
+    Dpub("orders", 5000, b"later", "x" * 64),
     Sub("orders", "archive"),
     Rdy(10),
     Fin((MSG_ID,)),
@@ -91,6 +94,10 @@ def test_the_request_frames_are_the_command_name_then_one_frame_per_argument() -
     ]
     assert encode_request(Fin((MSG_ID, MSG_ID))) == [b"FIN", MSG_ID, MSG_ID]
     assert encode_request(Mpub("t", (b"a", b"b"))) == [b"MPUB", b"t", b"a", b"b"]
+    # the tagged ones (#21) have the tag second
+    assert encode_request(Pub("t", b"x", "red")) == [b"TPUB", b"t", b"red", b"x"]
+    assert encode_request(Mpub("t", (b"a", b"b"), "red")) == [b"TMPUB", b"t", b"red", b"a", b"b"]
+    assert encode_request(Dpub("t", 5, b"x", "red")) == [b"TDPUB", b"t", b"red", b"5", b"x"]
 
 
 def test_a_correlation_frame_must_start_with_a_hash() -> None:
@@ -151,6 +158,18 @@ BAD_REQUESTS = [
      "E_BAD_BODY", "IDENTIFY heartbeat interval (-1) is invalid"),
     ("auth without a secret", [b"AUTH"], "E_INVALID", "AUTH invalid number of parameters"),
     ("auth empty", [b"AUTH", b""], "E_BAD_BODY", "AUTH invalid body size 0"),
+    ("tpub without body", [b"TPUB", b"t", b"red"], "E_INVALID",
+     "TPUB insufficient number of parameters"),
+    ("tpub bad tag", [b"TPUB", b"t", b"a,b", b"x"], "E_INVALID",
+     'TPUB bad tag "a,b" (1-64 of a-z A-Z 0-9 . _ - :)'),
+    ("tmpub long tag", [b"TMPUB", b"t", b"x" * 65, b"x"], "E_INVALID",
+     'TMPUB bad tag "' + "x" * 65 + '" (1-64 of a-z A-Z 0-9 . _ - :)'),
+    ("tdpub too many", [b"TDPUB", b"t", b"red", b"5", b"x", b"y"], "E_INVALID",
+     "TDPUB too many parameters"),
+    ("tpub bad topic", [b"TPUB", b"a b", b"red", b"x"], "E_BAD_TOPIC",
+     'TPUB topic name "a b" is not valid'),
+    ("tmpub empty message", [b"TMPUB", b"t", b"red", b"a", b""], "E_BAD_MESSAGE",
+     "TMPUB invalid message(1) body size 0"),
 ]  # fmt: skip
 
 
