@@ -75,7 +75,7 @@ from pyspark.sql import types as t
 from pyspark.sql.types import _make_type_verifier
 
 from transport.client import Consumer, Message, Producer, PublishError, discover
-from transport.protocol.validation import ProtocolError, check_topic
+from transport.protocol.validation import TAG_RULE, ProtocolError, check_topic, valid_tag
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ def _serializer(spec: str | Serializer) -> Serializer:
     if callable(spec):
         return spec
     try:
-        return {"json": to_json, "msgpack": to_msgpack, "raw": raw}[spec]
+        return {"json": to_json, "msgpack": to_msgpack, "raw": raw, _TAGGED: raw}[spec]
     except KeyError:
         raise ValueError(f"unknown serializer {spec!r} (json, msgpack, raw or a function)") \
             from None
@@ -237,6 +237,9 @@ class PartitionPublisher:
     bad_rows_topic: str | None = None
     counters: PublishCounters | None = None
     epochs_path: str | None = None  # foreach_batch: where published epochs are marked
+    # the column whose value tags each row's message (#21; null: no tag); a channel with
+    # a tag filter takes only its tags.  Rows of one tag keep their order, not across tags
+    tag_column: str | None = None
     # the brokers' AUTH secret and CURVE keys (docs/SECURITY.md), passed to each Producer
     client_options: Mapping[str, Any] = field(default_factory=dict)
 
@@ -256,6 +259,9 @@ class PartitionPublisher:
             raise ValueError("batch_size and batches_in_flight must be positive")
 
     def __call__(self, rows: Iterable[Any]) -> None:
+        if self.tag_column is not None:
+            self._publish_tagged(rows)
+            return
         serialise = _serializer(self.serializer)
         chunk = self.batch_size * self.batches_in_flight
         published = retried = 0
@@ -295,6 +301,61 @@ class PartitionPublisher:
             self.counters.retried.add(retried)
             self.counters.bad_rows.add(len(bad))
 
+    def _publish_tagged(self, rows: Iterable[Any]) -> None:
+        """`__call__` with ``tag_column``: bodies gathered per tag, each tag's published as
+        MPUBs with it (TMPUB).  From `publish`, a row is ``tag NUL json`` (_TAGGED)."""
+        serialise = _serializer(self.serializer)
+        lines = self.serializer == _TAGGED
+        chunk = self.batch_size * self.batches_in_flight
+        published = retried = 0
+        bad: list[bytes] = []
+        by_tag: dict[str, list[bytes]] = {}
+        endpoints = list(self.endpoints)
+        if self.lookupd_http_addresses:
+            endpoints += [e for e in discover(self.lookupd_http_addresses) if e not in endpoints]
+            if not endpoints:
+                raise PublishError("no broker: the lookup daemons list none")
+        with Producer(endpoints, timeout=self.timeout, max_attempts=1,
+                      max_backoff=self.max_backoff, retry_for=self.retry_for,
+                      **self.client_options) as producer:
+            gathered = 0
+            for index, row in enumerate(rows):
+                try:
+                    if lines:
+                        raw_tag, _, body = bytes(row).partition(b"\0")
+                        tag = raw_tag.decode("utf-8", "replace")
+                    else:
+                        value = row[self.tag_column]
+                        tag = "" if value is None else str(value)
+                        body = serialise(row)
+                    if tag and not valid_tag(tag.encode("utf-8")):
+                        raise ValueError(f"bad tag {tag!r} in column {self.tag_column} "
+                                         f"({TAG_RULE})")
+                    if len(body) > self.max_message_size:
+                        raise ValueError(f"{len(body)} bytes is over the "
+                                         f"{self.max_message_size}-byte message limit")
+                except (TypeError, ValueError, OverflowError, KeyError) as e:
+                    bad.append(self._bad_row(index, row, e))
+                    continue
+                by_tag.setdefault(tag, []).append(body)
+                gathered += 1
+                if gathered >= chunk:
+                    for tag_, bodies in by_tag.items():
+                        producer.publish_batch(self.topic, bodies, self.batch_size, tag=tag_)
+                    published += gathered
+                    by_tag, gathered = {}, 0
+            for tag_, bodies in by_tag.items():
+                producer.publish_batch(self.topic, bodies, self.batch_size, tag=tag_)
+            published += gathered
+            if bad:
+                assert self.bad_rows_topic is not None
+                producer.publish_batch(self.bad_rows_topic, bad, self.batch_size)
+            retried = producer.retried
+        if self.counters is not None:
+            self.counters.published.add(published)
+            self.counters.retried.add(retried)
+            self.counters.bad_rows.add(len(bad))
+
     def _bad_row(self, index: int, row: Any, error: Exception) -> bytes:
         partition = _partition_id()
         where = f"row {index} of partition {partition}"
@@ -320,8 +381,13 @@ class PartitionPublisher:
         ``foreachPartition``.
         """
         _check_python_workers(df.sparkSession.sparkContext)
+        if self.tag_column is not None and self.tag_column not in df.columns:
+            raise ValueError(f"tag_column {self.tag_column!r} is not a column of the "
+                             f"DataFrame ({', '.join(df.columns)})")
         if self.serializer == "json":
-            _json_lines(df).foreachPartition(dataclasses.replace(self, serializer="raw"))
+            raw = _TAGGED if self.tag_column is not None else "raw"
+            _json_lines(df, self.tag_column).foreachPartition(
+                dataclasses.replace(self, serializer=raw))
         else:
             df.foreachPartition(self)
 
@@ -402,11 +468,21 @@ _JSON_OPTIONS = {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX",
                  "timestampNTZFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSS"}
 
 
-def _json_lines(df: Any) -> Any:
+_TAGGED = "_tagged_lines"
+"""The serializer `publish` hands its tasks with ``tag_column``: each row is the tag,
+a NUL, then the row's JSON."""
+
+
+def _json_lines(df: Any, tag_column: str | None = None) -> Any:
     """An RDD of each row of `df` as JSON bytes, written by the JVM (as ``df.toJSON``
-    does, with microseconds)."""
+    does, with microseconds); with `tag_column`, each preceded by its tag and a NUL."""
     columns = [F.col("`{}`".format(c.replace("`", "``"))) for c in df.columns]
-    lines = df.select(F.to_json(F.struct(*columns), _JSON_OPTIONS))
+    line = F.to_json(F.struct(*columns), _JSON_OPTIONS)
+    if tag_column is not None:
+        tag = F.coalesce(F.col("`{}`".format(tag_column.replace("`", "``"))).cast("string"),
+                         F.lit(""))
+        line = F.concat(tag, F.lit("\0"), line)
+    lines = df.select(line)
     jvm = df.sparkSession._jvm
     strings = getattr(lines._jdf, "as")(jvm.org.apache.spark.sql.Encoders.STRING())
     return RDD(strings.javaRDD(), df.sparkSession.sparkContext,

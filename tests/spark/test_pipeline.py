@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 import time
+import urllib.request
 from collections import deque
 from functools import partial
 from pathlib import Path
@@ -532,3 +533,31 @@ def test_publish_and_drain_with_the_brokers_auth_secret(spark, tmp_path):
     finally:
         broker.stop()
         authd.close()
+
+
+def test_tag_column_tags_each_rows_message_on_both_publish_paths(spark, broker, tmp_path):
+    # Given a topic whose channels take the eu rows, the us rows, and everything
+    topic = "tagged"
+    post = partial(urllib.request.urlopen, timeout=10)
+    post(urllib.request.Request(f"http://127.0.0.1:{broker.http}/topic/create?topic={topic}",
+                                method="POST")).read()
+    for channel, tags in (("eu", "eu"), ("us", "us"), ("all", "")):
+        query = f"topic={topic}&channel={channel}" + (f"&tags={tags}" if tags else "")
+        post(urllib.request.Request(f"http://127.0.0.1:{broker.http}/channel/create?{query}",
+                                    method="POST")).read()
+    rows = [{"id": i, "region": ("eu", "us", None)[i % 3]} for i in range(300)]
+    df = spark.createDataFrame(rows, "id int, region string").repartition(2)
+    publisher = PartitionPublisher(topic, broker.zmq_endpoint, tag_column="region")
+    # When the rows are published through Spark's JSON writer and through foreachPartition
+    publisher.publish(df)
+    df.foreachPartition(publisher)
+    # Then each filtered channel has its region's rows, twice, and the third channel all
+    depths = {c["channel_name"]: c["depth"]
+              for c in broker.stats(topic)["topics"][0]["channels"]}
+    assert depths == {"eu": 200, "us": 200, "all": 600}
+    # and a tag_column that is not a column, or a bad tag, is refused with a sentence
+    with pytest.raises(ValueError, match="tag_column 'nope' is not a column"):
+        PartitionPublisher(topic, broker.zmq_endpoint, tag_column="nope").publish(df)
+    bad = spark.createDataFrame([{"id": 1, "region": "a b"}], "id int, region string")
+    with pytest.raises(Exception, match=r"bad tag 'a b' in column region"):
+        PartitionPublisher(topic, broker.zmq_endpoint, tag_column="region").publish(bad)
