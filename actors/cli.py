@@ -40,7 +40,7 @@ from typing import Any, BinaryIO, TextIO
 
 from transport.nsq.blocking import Connection, ConnectionClosed
 from transport.protocol import commands as pc
-from transport.protocol.validation import ProtocolError
+from transport.protocol.validation import TAG_RULE, ProtocolError, valid_tag
 
 __all__ = ["main"]
 
@@ -346,6 +346,10 @@ def _lines(stream: BinaryIO) -> Iterator[bytes]:
 
 
 def pub(args: argparse.Namespace, stdin: BinaryIO, progress: TextIO) -> int:
+    if args.tag and not args.zmq_address:
+        raise Fail("--tag needs --zmq-address: NSQ TCP has no tags")
+    if args.tag and not valid_tag(args.tag.encode("utf-8")):
+        raise Fail(f"bad --tag {args.tag!r} ({TAG_RULE})")
     publish, close = _publisher(args)
     show = progress.isatty()
     start = time.monotonic()
@@ -391,7 +395,7 @@ def _publisher(args: argparse.Namespace) -> tuple[Callable[[list[bytes]], None],
 
         def zmq_publish(bodies: list[bytes]) -> None:
             try:
-                producer.multi_publish(topic, bodies)
+                producer.multi_publish(topic, bodies, tag=args.tag)
             except ClientError as e:
                 raise Fail(f"publish failed: {e}") from None
 
@@ -573,6 +577,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="messages per second (default: as fast as they are taken)")
     u.add_argument("--batch-size", type=_positive, default=200,
                    help="lines per MPUB when not paced")
+    u.add_argument("--tag", default="",
+                   help="tag every message (ZeroMQ only: NSQ TCP has no tags; docs/HTTP.md)")
 
     s = sub.add_parser("stat", help="a channel's rates and depths (nsq_stat)")
     brokers(s, tcp=False, http=True)

@@ -21,10 +21,16 @@ When a channel appears or the topic is unpaused, what was kept is drained to
 the channels: memory first, then the disk queue in batches, each batch acked
 on the topic's queue once it has been handed to every channel.
 
+Tags (#21): a publish may carry a tag, and a channel a tag filter (kept in the
+metadata with the channel).  The topic keeps a tagged message as a tagged record
+(``nsq_message.tag_record``) in memory and in its disk queue, and at fan-out
+hands each channel only what its filter takes, without the tag; when no message
+is tagged and no channel filters, fan-out is as it was.
+
 The topic owns its metadata file ``<data>/<topic>.topic.json`` (paused flag,
-channels and their paused flags), rewritten atomically on every change and
-read at start, when the topic re-creates its channels.  Ephemeral topics
-keep no metadata.
+channels with their paused flags and tag filters, settings), rewritten
+atomically on every change and read at start, when the topic re-creates its
+channels.  Ephemeral topics keep no metadata.
 """
 
 from __future__ import annotations

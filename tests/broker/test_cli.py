@@ -76,6 +76,21 @@ def test_pub_then_tail_over_nsq_tcp_and_zeromq(broker):
     assert sorted(out.split()) == [b"z1", b"z2"]
 
 
+def test_pub_tags_its_messages_over_zeromq_and_refuses_a_tag_it_cannot_send(broker):
+    broker.topic_command("clitags", "hello")
+    broker.channel_tags("clitags", "reds", ["red"], create=True)
+    zmq = ["--zmq-address", broker.zmq_endpoint]
+    assert run(["pub", "--topic", "clitags", *zmq, "--tag", "red"], b"r1\nr2\n")[0] == 0
+    assert run(["pub", "--topic", "clitags", *zmq], b"plain\n")[0] == 0
+    assert _channel(broker, "clitags", "reds")["depth"] == 2
+    status, _, err = run(["pub", "--topic", "clitags", "--nsqd-tcp-address",
+                          broker.tcp_address, "--tag", "red"], b"x\n")
+    assert (status, "--tag needs --zmq-address" in err) == (1, True)
+    status, _, err = run(["pub", "--topic", "clitags", *zmq, "--tag", "a b"], b"x\n")
+    assert (status, "bad --tag 'a b'" in err) == (1, True)
+    assert _channel(broker, "clitags", "reds")["depth"] == 2
+
+
 def _channel(broker: Broker, topic: str, name: str) -> dict:
     (c,) = [c for c in broker.topic_stats(topic)["channels"] if c["channel_name"] == name]
     return c
