@@ -150,6 +150,13 @@ def _delayed_entries(items: list[tuple[bytes, int]]) -> list[tuple[int, bytes, b
     return [(due, _message_id(m), m) for m, due in items]
 
 
+def _records(encoded: list[bytes], tags: list[str] | None) -> list[bytes]:
+    """What the topic keeps of just-encoded messages: tagged records where tagged."""
+    if tags is None:
+        return encoded
+    return [tag_record(m, t) if t else m for m, t in zip(encoded, tags, strict=True)]
+
+
 def _message_id(record: bytes) -> bytes:
     return untag_record(record)[0][10:26]
 
@@ -505,14 +512,12 @@ class TopicActor(Actor):
         returns how many confirmations to await."""
         now = self.clock()
         encoded = self.guids.encode_batch(now, bodies)
-        if tags is not None:  # (kept as tagged records: see tag_record)
-            encoded = [tag_record(m, t) if t else m for m, t in zip(encoded, tags, strict=True)]
         self.message_count += len(encoded)
         self.message_bytes += size
         confirm = (self.name, token) if token else None
         if defer_ms:
             due = now + defer_ms * 1_000_000
-            items = [(m, due) for m in encoded]
+            items = [(m, due) for m in _records(encoded, tags)]
             if self.channels:
                 sent = self._fanout_deferred(items, confirm)
                 return sent if confirm else 0
@@ -523,14 +528,16 @@ class TopicActor(Actor):
             self.deferred_on_disk = True
             self.tell(self.dq, DqDefer(_delayed_entries(items), (confirm,)))
             return 1
-        return self._route(encoded, confirm, tags is not None)
+        return self._route(encoded, confirm, tags)
 
     def _route(self, encoded: list[bytes], confirm: tuple[str, int] | None = None,
-               tagged: bool = False) -> int:
-        """Fan out, or keep in memory / on disk; returns the confirmations to await."""
+               tags: list[str] | None = None) -> int:
+        """Fan out (`tags`: one per message, or None), or keep in memory / on disk (as
+        tagged records); returns the confirmations to await."""
         if self.channels and not self.paused and not self.memory and not self.disk_depth:
-            sent = self._fanout(encoded, confirm, tagged)
+            sent = self._fanout_live(encoded, tags, confirm)
             return sent if confirm else 0
+        encoded = _records(encoded, tags)
         room = max(0, self.options.mem_queue_size - len(self.memory))
         if not self.disk_depth:
             self.memory.extend(encoded[:room])
@@ -544,6 +551,23 @@ class TopicActor(Actor):
         self.disk_depth += len(encoded)
         self.put_since_read += len(encoded)
         return 1 if confirm else 0
+
+    def _fanout_live(self, encoded: list[bytes], tags: list[str] | None,
+                     confirm: tuple[str, int] | None) -> int:
+        """`_fanout` of messages just published: their tags are at hand, not in records."""
+        if not self.filters:
+            for channel in self.channels:
+                self.tell(self._channel_name(channel), ChannelPut(encoded, confirm))
+            return len(self.channels)
+        sent = 0
+        for channel in self.channels:
+            wanted = self.filters.get(channel)
+            messages = encoded if wanted is None else [] if tags is None else \
+                [m for m, t in zip(encoded, tags, strict=True) if t in wanted]
+            if messages:
+                self.tell(self._channel_name(channel), ChannelPut(messages, confirm))
+                sent += 1
+        return sent
 
     def _fanout(self, records: list[bytes], confirm: tuple[str, int] | None = None,
                 tagged: bool | None = None) -> int:

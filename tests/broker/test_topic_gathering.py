@@ -99,3 +99,27 @@ def test_a_long_run_of_publishes_is_routed_in_batches_of_about_gather_max(tmp_pa
     actor.on_batch_end()
     assert sizes() == [1200, 1000]
     assert sorted(m.corr for name, m in sent if name == "client:x") == list(range(1, 12))
+
+
+def test_tagged_and_untagged_publishes_of_one_run_reach_the_channels_their_tags_say(tmp_path):
+    # Given a channel taking red, one taking blue and one without a filter
+    actor, sent = topic(tmp_path, mem_queue_size=0)
+    actor.channels = {"reds": False, "blues": False, "all": False}
+    actor.filters = {"reds": frozenset({"red"}), "blues": frozenset({"blue"})}
+    # When one run gathers an untagged publish, a red one and a blue one (durable)
+    actor.on_receive(Publish([b"u1"], 0, "client:x", 1))
+    actor.on_receive(Publish([b"r1", b"r2"], 0, "client:x", 2, "red"))
+    actor.on_receive(Publish([b"b1"], 0, "client:y", 1, "blue"))
+    actor.on_batch_end()
+    # Then each channel gets one ChannelPut of what it takes, untagged as NSQ encodes it
+    puts = {name: [m[26:] for m in msg.messages] for name, msg in sent
+            if isinstance(msg, ChannelPut)}
+    assert puts == {"channel:t/reds": [b"r1", b"r2"], "channel:t/blues": [b"b1"],
+                    "channel:t/all": [b"u1", b"r1", b"r2", b"b1"]}
+    # and the publishes are answered once the three writes are confirmed
+    (confirm,) = {msg.confirm for _, msg in sent if isinstance(msg, ChannelPut)}
+    sent.clear()
+    for _ in range(3):
+        actor.on_receive(Stored(confirm[1]))
+    assert sorted((name, m.corr) for name, m in sent) == [
+        ("client:x", 1), ("client:x", 2), ("client:y", 1)]
