@@ -322,7 +322,8 @@ class PartitionPublisher:
             for index, row in enumerate(rows):
                 try:
                     if lines:
-                        raw_tag, _, body = bytes(row).partition(b"\0")
+                        # (the last NUL: JSON has none, a tag with one is then bad)
+                        raw_tag, _, body = bytes(row).rpartition(b"\0")
                         tag = raw_tag.decode("utf-8", "replace")
                     else:
                         value = row[self.tag_column]

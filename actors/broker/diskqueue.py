@@ -43,7 +43,7 @@ from typing import Any
 
 from actors.broker import health
 from actors.broker.messages import Stored
-from actors.broker.nsq_message import is_ephemeral
+from actors.broker.nsq_message import MAX_TAG_LENGTH, is_ephemeral
 from actors.broker.options import BrokerOptions
 from actors.runtime.actor import Actor, no_spawn
 from storage import DelayedStore, DiskFailedError, DiskQueue, NullQueue, StorageError
@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 
 #: NSQ's message header (timestamp, attempts, id) stored before each body.
 MESSAGE_HEADER = 26
+RECORD_OVERHEAD = MESSAGE_HEADER + 2 + MAX_TAG_LENGTH
+"""The most a record adds to a body: NSQ's header, and a topic's tag (tag_record)."""
 
 _NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 
@@ -223,11 +225,11 @@ class DiskQueueActor(Actor):
         o = self.options
         stem = queue_name(self.owner)
         if self.ephemeral:
-            self.queue = NullQueue(stem, max_msg_size=o.max_msg_size + MESSAGE_HEADER)
+            self.queue = NullQueue(stem, max_msg_size=o.max_msg_size + RECORD_OVERHEAD)
             return
         os.makedirs(o.data_path, exist_ok=True)
         queue = DiskQueue(stem, o.data_path, max_bytes_per_file=o.max_bytes_per_file,
-                          max_msg_size=o.max_msg_size + MESSAGE_HEADER,
+                          max_msg_size=o.max_msg_size + RECORD_OVERHEAD,
                           # with --sync-every=1 this actor syncs itself (group commit)
                           sync_every=10**9 if self.group_commit else o.sync_every,
                           sync_timeout=o.sync_timeout,

@@ -161,6 +161,17 @@ def _message_id(record: bytes) -> bytes:
     return untag_record(record)[0][10:26]
 
 
+def _read_filter(channel: str, tags: Any) -> frozenset[str] | None:
+    """A channel's filter as its metadata has it; None (no filter, with a warning) for
+    anything but a list of good tags: a channel is never left taking nothing."""
+    if tags is None or tags == []:
+        return None
+    if not isinstance(tags, list) or not all(is_valid_tag(t) for t in tags):
+        log.warning("ignoring a bad tag filter of channel %s in metadata: %r", channel, tags)
+        return None
+    return frozenset(tags)
+
+
 def _checked_tags(tags: Sequence[str]) -> frozenset[str]:
     bad = [t for t in tags if not is_valid_tag(t)]
     if bad:
@@ -239,9 +250,13 @@ class TopicActor(Actor):
             self.channels = {c: bool(v.get("paused", False))
                              for c, v in meta.get("channels", {}).items()
                              if is_valid_channel_name(c)}
-            self.filters = {c: frozenset(t for t in v["tags"] if is_valid_tag(t))
-                            for c, v in meta.get("channels", {}).items()
-                            if c in self.channels and v.get("tags")}
+            self.filters = {c: f for c, v in meta.get("channels", {}).items()
+                            if c in self.channels and (f := _read_filter(c, v.get("tags")))}
+            # (an ephemeral channel is not kept, but its filter is, for a client that
+            # still holds a subscription to revive it after a worker restart)
+            self.filters.update(
+                (c, f) for c, tags in (meta.get("ephemeral_tags") or {}).items()
+                if is_ephemeral(c) and is_valid_channel_name(c) and (f := _read_filter(c, tags)))
         if self.exists and not self.ephemeral:  # (a topic not created yet has no queue)
             depth, deferred = self.ask(self.dq, DqOpen(), timeout=30)
             self.disk_depth = depth
@@ -302,6 +317,9 @@ class TopicActor(Actor):
                          for c, p in sorted(self.channels.items()) if not is_ephemeral(c)}}
         if self.config:
             meta["config"] = self.config
+        ephemeral = {c: sorted(f) for c, f in sorted(self.filters.items()) if is_ephemeral(c)}
+        if ephemeral:
+            meta["ephemeral_tags"] = ephemeral
         write_atomic(self.meta_path, json.dumps(meta, sort_keys=True).encode() + b"\n")
 
     # ----------------------------------------------------------------- messages

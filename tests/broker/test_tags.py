@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -201,3 +203,68 @@ def test_over_zeromq_a_producer_publishes_tagged_messages_a_filtered_consumer_re
 def test_an_nsq_tcp_client_cannot_send_a_tag():
     with pytest.raises(ValueError, match="NSQ TCP cannot carry a tag"):
         encode_command(pc.Pub("t", b"x", "red"))
+
+
+def test_a_tagged_message_of_the_largest_size_is_kept_on_disk_by_the_topic(tmp_path):
+    # Given a topic with no channel that keeps everything on disk
+    data = tmp_path / "data"
+    b = Broker(broker_options(data, mem_queue_size=0, max_msg_size=1000)).start()
+    try:
+        b.topic_command("t", "hello")
+        # When the largest body is published with the longest tag (a record 66 bytes
+        # over the body's limit, and NSQ's header)
+        b.publish("t", [b"x" * 1000], tag="t" * 64)
+        b.publish("t", [b"y" * 1000])
+        # Then both are kept, and reach a channel that takes that tag, unwrapped
+        b.channel_tags("t", "c", ["t" * 64], create=True)
+        wait_for(lambda: _depths(b, "t") == {"c": 1}, what="the tagged message")
+        got = Collector()
+        with Consumer("t", "c", got, b.zmq_endpoint):
+            wait_for(lambda: got.bodies == [b"x" * 1000], what="its delivery")
+    finally:
+        b.stop()
+
+
+def test_a_bad_filter_in_metadata_is_ignored_with_a_warning_not_a_channel_starved(tmp_path):
+    data = tmp_path / "data"
+    b = Broker(broker_options(data)).start()
+    try:
+        b.topic_command("t", "hello")
+        b.channel_tags("t", "c", ["red"], create=True)
+    finally:
+        b.stop()
+    # Given metadata whose filter was damaged by hand
+    path = data / "t.topic.json"
+    meta = json.loads(path.read_text())
+    meta["channels"]["c"]["tags"] = ["bad tag"]
+    path.write_text(json.dumps(meta))
+    b = Broker(broker_options(data)).start()
+    try:
+        # Then the channel has no filter (it takes everything), as it says
+        assert b.channel_tags("t", "c") == []
+        _publish_mixed(b, "t")
+        assert _depths(b, "t") == {"c": 4}
+    finally:
+        b.stop()
+
+
+def test_an_ephemeral_channel_keeps_its_filter_when_a_worker_restart_revives_it(broker):
+    # Given an ephemeral channel with a filter, and a consumer on it
+    broker.topic_command("e", "hello")
+    broker.channel_tags("e", "reds#ephemeral", ["red"], create=True)
+    got = Collector()
+    with Consumer("e", "reds#ephemeral", got, broker.zmq_endpoint):
+        wait_for(lambda: _depths(broker, "e") == {"reds#ephemeral": 0}, what="the channel")
+        # When the worker is killed: the topic comes back from its metadata, and the
+        # consumer's subscription revives the ephemeral channel
+        worker = next(p for p in broker.supervisor.ps() if p.name == "worker-0")
+        os.kill(worker.pid, signal.SIGKILL)
+        wait_for(lambda: next(p for p in broker.supervisor.ps()
+                              if p.name == "worker-0").pid not in (None, worker.pid),
+                 what="the worker's restart")
+        wait_for(lambda: "reds#ephemeral" in _depths(broker, "e"), timeout=20,
+                 what="the channel revived")
+        # Then it still takes only red
+        assert broker.channel_tags("e", "reds#ephemeral") == ["red"]
+        _publish_mixed(broker, "e")
+        wait_for(lambda: sorted(got.bodies) == [b"r1", b"r2"], what="the red messages")

@@ -212,6 +212,7 @@ def _tagged(name: str, untagged: Callable[..., Command], n: int, *, at_least: bo
 
     def parse(args: Sequence[bytes], limits: Limits, server: ServerInfo) -> Command:
         _arity(args, name, n, at_least=at_least)
+        check_topic(args[0], name)  # (in the order of the frames, as nsqd checks)
         tag = check_tag(args[1], name)
         return untagged([args[0], *args[2:]], limits, server, tag, name)
 

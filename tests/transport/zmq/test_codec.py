@@ -168,6 +168,8 @@ BAD_REQUESTS = [
      "TDPUB too many parameters"),
     ("tpub bad topic", [b"TPUB", b"a b", b"red", b"x"], "E_BAD_TOPIC",
      'TPUB topic name "a b" is not valid'),
+    ("tpub bad topic and tag", [b"TPUB", b"a b", b"a b", b"x"], "E_BAD_TOPIC",
+     'TPUB topic name "a b" is not valid'),
     ("tmpub empty message", [b"TMPUB", b"t", b"red", b"a", b""], "E_BAD_MESSAGE",
      "TMPUB invalid message(1) body size 0"),
 ]  # fmt: skip
