@@ -34,6 +34,9 @@ it looks for a preparation key that is never set.)
 Each node writes to the stdout and stderr its supervisor had when it started
 it (passed along, see ``NodeSpec.stdio``), not to the server's: pytest
 captures a test's output by pointing those at a file while the test runs.
+Unlike ``spawn``'s, a node's environment is the server's, as it was when the
+server started: a later change to ``os.environ`` in the supervisor's process
+does not reach nodes (the broker's read none).
 """
 
 from __future__ import annotations
@@ -43,12 +46,13 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 from multiprocessing import forkserver
 from multiprocessing.context import ForkServerContext
 from typing import NoReturn
 
-__all__ = ["context", "exit_now", "start"]
+__all__ = ["context", "ensure_running", "exit_now", "start"]
 
 
 def context(preload: Sequence[str] = ()) -> ForkServerContext:
@@ -64,15 +68,34 @@ def start(preload: Sequence[str]) -> None:
     """Start the fork server now (if it is not running), importing `preload`; returns at
     once: the server imports while the caller goes on."""
     context(preload)
-    forkserver.ensure_running()
+    ensure_running()
+
+
+def ensure_running() -> None:
+    """Start the server if it is not running (again, if it died), ignoring SIGTERM (the
+    disposition survives its exec): a SIGTERM to the whole process group (systemd's
+    stop, ``kill -TERM -<pgid>``) must stop the supervisor and its nodes in order, not
+    kill the server they came from, which would leave the supervisor unable to see
+    how its nodes exit.  The server ends with its supervisor's process (or
+    :func:`exit_now`); nodes set their own SIGTERM handler.  (Only the main thread may
+    set a signal's disposition: a server started from another thread takes SIGTERM.)"""
+    if threading.current_thread() is not threading.main_thread():
+        forkserver.ensure_running()
+        return
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def exit_now(code: int) -> NoReturn:
     """A daemon's last step, once its nodes have stopped: end this process and the
     fork server without tearing their interpreters down (~50 ms and ~100 ms of
     freeing modules that nothing needs; the server holds no data)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # (closed, None, or a broken pipe)
+            stream.flush()
     pid = forkserver._forkserver._forkserver_pid  # (no public accessor)
     if pid is not None:
         with contextlib.suppress(OSError):

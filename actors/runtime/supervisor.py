@@ -66,26 +66,46 @@ _QUICK_DEATH = 1.0
 _MAX_BACKOFF = 2.0
 
 
-def _stop_orphan(node: str, pid: int, deadline: float, *, terminate: bool) -> None:
-    """Wait until `pid` (a node whose fork server died) has exited, SIGTERMed first if
-    `terminate`, SIGKILLed at `deadline`."""
+def _stop_orphan(node: str, pid: int, deadline: float) -> None:
+    """Stop `pid`, a node whose fork server died (it can no longer say when the node
+    exits): SIGTERM, so it flushes, then wait for it; SIGKILL at `deadline`."""
+    logger.error("the fork server is gone; node %s (pid %s) is stopped before a new one "
+                 "starts", node, pid)
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:
         return
+    except OSError:  # (no pidfds: a kernel before 5.3, or a seccomp filter)
+        _stop_by_pid(node, pid, deadline)
+        return
     try:
-        logger.error("the fork server is gone; node %s (pid %s) is stopped before a new one "
-                     "starts", node, pid)
-        if terminate:
-            signal.pidfd_send_signal(fd, signal.SIGTERM)
-        if not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+        signal.pidfd_send_signal(fd, signal.SIGTERM)
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)  # readable once the process has exited
+        if not poller.poll(max(0.0, deadline - time.monotonic()) * 1000):
             logger.error("node %s (pid %s) missed the deadline: killing it", node, pid)
             signal.pidfd_send_signal(fd, signal.SIGKILL)
-            select.select([fd], [], [], 5.0)
+            poller.poll(5000)
     except ProcessLookupError:
         pass
     finally:
         os.close(fd)
+
+
+def _stop_by_pid(node: str, pid: int, deadline: float) -> None:
+    """`_stop_orphan` without a pidfd: signals by pid, and a 10 ms poll of its life."""
+    sig = signal.SIGTERM
+    try:
+        os.kill(pid, sig)
+        while True:
+            time.sleep(0.01)
+            os.kill(pid, 0)
+            if sig == signal.SIGTERM and time.monotonic() > deadline:
+                logger.error("node %s (pid %s) missed the deadline: killing it", node, pid)
+                sig = signal.SIGKILL
+                os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 @dataclass
@@ -164,6 +184,7 @@ class Supervisor:
         self._endpoint = Endpoint("supervisor", self.run_dir, self.placement, self.options)
         self._wake_r, self._wake_w = os.pipe()
         try:
+            forkserver.ensure_running()  # (ignoring SIGTERM: see there)
             for child in self._children.values():
                 self._start_child(child)
             self._wait_ready(time.monotonic() + self.options.start_timeout)
@@ -242,7 +263,7 @@ class Supervisor:
         for p in procs:
             p.join(max(0.0, deadline - time.monotonic()))
             if p.exitcode == _SERVER_LOST and p.pid is not None:  # (see _on_exit)
-                _stop_orphan(p.name, p.pid, deadline, terminate=False)
+                _stop_orphan(p.name, p.pid, deadline)
         clean = True
         for p in procs:
             if p.is_alive():
@@ -292,7 +313,7 @@ class Supervisor:
             # exit, and this one may still run.  Never two of a node at once: stop it
             # (as on SIGTERM, so it flushes) before it is started again.
             _stop_orphan(child.node, child.process.pid,
-                         time.monotonic() + self.options.shutdown_timeout, terminate=True)
+                         time.monotonic() + self.options.shutdown_timeout)
         child.last_exitcode = child.process.exitcode
         lived = time.monotonic() - child.started_at
         child.quick_deaths = child.quick_deaths + 1 if lived < _QUICK_DEATH else 0

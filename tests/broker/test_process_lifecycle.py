@@ -35,7 +35,7 @@ class BrokerProcess:
     """``python -m actors.broker`` on fixed free ports; stderr collected in a file."""
 
     def __init__(self, data: Path, log: Path, http_port: int | None = None,
-                 *extra: str) -> None:
+                 *extra: str, session: bool = False) -> None:
         self.http_port = http_port or free_port()
         self.log = log
         self.proc = subprocess.Popen(
@@ -43,7 +43,7 @@ class BrokerProcess:
              "--workers", "1", "--log-level", "info",
              "--http-address", f"127.0.0.1:{self.http_port}", "--tcp-address", "127.0.0.1:0",
              "--zmq-address", "tcp://127.0.0.1:0", *extra],
-            stderr=log.open("w"), stdout=subprocess.DEVNULL)
+            stderr=log.open("w"), stdout=subprocess.DEVNULL, start_new_session=session)
 
     def wait_running(self, timeout: float = 60) -> None:
         wait_for(lambda: "broker running" in self.log.read_text() or self.proc.poll() is not None,
@@ -171,6 +171,23 @@ def test_the_nodes_stop_when_their_supervisor_is_killed_and_a_restart_loses_noth
     processes.append(again)
     again.wait_running()
     assert _channel_depth(again, "t", "c") == 50
+
+
+def test_sigterm_to_the_whole_process_group_stops_the_broker_cleanly(tmp_path, processes):
+    # Given a broker in a process group of its own, as under systemd
+    b = BrokerProcess(tmp_path / "data", tmp_path / "b.log", None, session=True)
+    processes.append(b)
+    b.wait_running()
+    assert b.request("POST", "/pub?topic=t", b"kept")[0] == 200
+    kids = b.children()
+    # When the whole group gets SIGTERM (systemd's stop), the fork server included
+    os.killpg(b.proc.pid, signal.SIGTERM)
+    # Then the broker stops in order and says so, every process gone
+    assert b.proc.wait(30) == 0, b.log.read_text()[-2000:]
+    assert "stopped cleanly" in b.log.read_text()
+    assert "fork server is gone" not in b.log.read_text()
+    _, alive = psutil.wait_procs(kids, timeout=10)
+    assert alive == []
 
 
 @pytest.mark.parametrize("stage", ["", "starting broker", "listening"])
