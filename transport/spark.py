@@ -259,10 +259,8 @@ class PartitionPublisher:
             raise ValueError("batch_size and batches_in_flight must be positive")
 
     def __call__(self, rows: Iterable[Any]) -> None:
-        if self.tag_column is not None:
-            self._publish_tagged(rows)
-            return
         serialise = _serializer(self.serializer)
+        lines = self.serializer == _TAGGED  # (from `publish` with a tag column)
         chunk = self.batch_size * self.batches_in_flight
         published = retried = 0
         bad: list[bytes] = []
@@ -274,64 +272,13 @@ class PartitionPublisher:
         with Producer(endpoints, timeout=self.timeout, max_attempts=1,
                       max_backoff=self.max_backoff, retry_for=self.retry_for,
                       **self.client_options) as producer:
-            bodies: list[bytes] = []
-            for index, row in enumerate(rows):
-                try:
-                    body = serialise(row)
-                    if len(body) > self.max_message_size:
-                        raise ValueError(f"{len(body)} bytes is over the "
-                                         f"{self.max_message_size}-byte message limit")
-                except (TypeError, ValueError, OverflowError) as e:
-                    bad.append(self._bad_row(index, row, e))
-                    continue
-                bodies.append(body)
-                if len(bodies) >= chunk:
-                    producer.publish_batch(self.topic, bodies, self.batch_size)
-                    published += len(bodies)
-                    bodies = []
-            if bodies:
-                producer.publish_batch(self.topic, bodies, self.batch_size)
-                published += len(bodies)
-            if bad:
-                assert self.bad_rows_topic is not None
-                producer.publish_batch(self.bad_rows_topic, bad, self.batch_size)
-            retried = producer.retried
-        if self.counters is not None:
-            self.counters.published.add(published)
-            self.counters.retried.add(retried)
-            self.counters.bad_rows.add(len(bad))
-
-    def _publish_tagged(self, rows: Iterable[Any]) -> None:
-        """`__call__` with ``tag_column``: bodies gathered per tag, each tag's published as
-        MPUBs with it (TMPUB).  From `publish`, a row is ``tag NUL json`` (_TAGGED)."""
-        serialise = _serializer(self.serializer)
-        lines = self.serializer == _TAGGED
-        chunk = self.batch_size * self.batches_in_flight
-        published = retried = 0
-        bad: list[bytes] = []
-        by_tag: dict[str, list[bytes]] = {}
-        endpoints = list(self.endpoints)
-        if self.lookupd_http_addresses:
-            endpoints += [e for e in discover(self.lookupd_http_addresses) if e not in endpoints]
-            if not endpoints:
-                raise PublishError("no broker: the lookup daemons list none")
-        with Producer(endpoints, timeout=self.timeout, max_attempts=1,
-                      max_backoff=self.max_backoff, retry_for=self.retry_for,
-                      **self.client_options) as producer:
+            # bodies by tag ('' for none: every one without a tag column), each tag's
+            # published as MPUBs with it (TMPUB)
+            by_tag: dict[str, list[bytes]] = {}
             gathered = 0
             for index, row in enumerate(rows):
                 try:
-                    if lines:
-                        # (the last NUL: JSON has none, a tag with one is then bad)
-                        raw_tag, _, body = bytes(row).rpartition(b"\0")
-                        tag = raw_tag.decode("utf-8", "replace")
-                    else:
-                        value = row[self.tag_column]
-                        tag = "" if value is None else str(value)
-                        body = serialise(row)
-                    if tag and not valid_tag(tag.encode("utf-8")):
-                        raise ValueError(f"bad tag {tag!r} in column {self.tag_column} "
-                                         f"({TAG_RULE})")
+                    tag, body = self._tagged_body(row, serialise, lines)
                     if len(body) > self.max_message_size:
                         raise ValueError(f"{len(body)} bytes is over the "
                                          f"{self.max_message_size}-byte message limit")
@@ -356,6 +303,21 @@ class PartitionPublisher:
             self.counters.published.add(published)
             self.counters.retried.add(retried)
             self.counters.bad_rows.add(len(bad))
+
+    def _tagged_body(self, row: Any, serialise: Serializer, lines: bool) -> tuple[str, bytes]:
+        """`(tag, message body)` of a row; ValueError for a tag that is not one."""
+        if lines:  # ``tag NUL json``: the last NUL (JSON has none; a tag with one is bad)
+            raw_tag, _, body = bytes(row).rpartition(b"\0")
+            tag = raw_tag.decode("utf-8", "replace")
+        elif self.tag_column is None:
+            return "", serialise(row)
+        else:
+            value = row[self.tag_column]
+            tag = "" if value is None else str(value)
+            body = serialise(row)
+        if tag and not valid_tag(tag.encode("utf-8")):
+            raise ValueError(f"bad tag {tag!r} in column {self.tag_column} ({TAG_RULE})")
+        return tag, body
 
     def _bad_row(self, index: int, row: Any, error: Exception) -> bytes:
         partition = _partition_id()
