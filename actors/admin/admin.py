@@ -40,7 +40,6 @@ import asyncio
 import json
 import logging
 import os
-import sys
 import time
 import urllib.parse
 from collections.abc import Sequence
@@ -52,8 +51,7 @@ import aiohttp
 from aiohttp import web
 
 from actors.admin.options import AdminOptions, parse_options
-from actors.runtime.daemon import run_in_foreground, setup_logging
-from actors.runtime.flags import OptionsError
+from actors.runtime.daemon import serve
 from transport.http.base import AppServer
 
 log = logging.getLogger("actors.admin")
@@ -421,13 +419,6 @@ class Admin:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        options = parse_options(argv)
-    except OptionsError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    setup_logging(options.log_level)
-    admin = Admin(options)
-    return run_in_foreground(
-        admin, log, running=lambda: f"admin running (pid {os.getpid()}): "
-                                    f"http://{admin.http_address}{options.base_path}")
+    return serve(argv, parse_options, Admin, log,
+                 running=lambda admin: f"admin running (pid {os.getpid()}): "
+                                       f"http://{admin.http_address}{admin.options.base_path}")

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -42,11 +41,11 @@ from actors.broker.gateway import HandoffListener, ListenerInfo, listener
 from actors.broker.lookup import LookupActor, lookup_names
 from actors.broker.messages import ChannelTags, Publish, TopicCommand, TopicStats
 from actors.broker.nodes import NODE_MODULES
-from actors.broker.options import BrokerOptions, OptionsError, parse_options, run_dir_for
+from actors.broker.options import BrokerOptions, parse_options, run_dir_for
 from actors.broker.scanner import ScannerActor
 from actors.broker.statsd import StatsdActor, statsd_names
 from actors.broker.topic import TopicActor, topics_on_disk
-from actors.runtime.daemon import log_level, run_in_foreground, setup_logging
+from actors.runtime.daemon import log_level, serve
 from actors.runtime.placement import GATEWAY, Placement
 from actors.runtime.supervisor import Supervisor
 from storage.dirlock import DirLock
@@ -193,20 +192,18 @@ def _raise(reply: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        options = parse_options(argv)
-    except OptionsError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    setup_logging(options.log_level)
+    return serve(argv, parse_options, _starting, log, start_errors=(RuntimeError, StorageError),
+                 running=lambda broker: f"broker running (pid {os.getpid()}, HTTP on port "
+                                        f"{broker.http_port})",
+                 stopping="stopping: flushing memory to disk")
+
+
+def _starting(options: BrokerOptions) -> Broker:
     broker = Broker(options)
     log.info("starting broker: data path %s, %d workers, node id %d",
              os.path.abspath(options.data_path), broker.options.workers,
              broker.options.node_id)
-    return run_in_foreground(
-        broker, log, start_errors=(RuntimeError, StorageError),
-        running=lambda: f"broker running (pid {os.getpid()}, HTTP on port {broker.http_port})",
-        stopping="stopping: flushing memory to disk")
+    return broker
 
 
 __all__ = ["Broker", "BrokerError", "boot_names", "factories", "main"]

@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Sequence
 from functools import partial
@@ -34,8 +33,7 @@ from actors.lookupd.nodes import NODE_MODULES
 from actors.lookupd.options import LookupdOptions, parse_options
 from actors.lookupd.peer import PeerActor
 from actors.lookupd.registrar import REGISTRAR, RegistrarActor
-from actors.runtime.daemon import log_level, run_in_foreground, setup_logging
-from actors.runtime.flags import OptionsError
+from actors.runtime.daemon import log_level, serve
 from actors.runtime.placement import Placement
 from actors.runtime.supervisor import Supervisor
 
@@ -109,13 +107,6 @@ class Lookupd:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        options = parse_options(argv)
-    except OptionsError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    setup_logging(options.log_level)
-    daemon = Lookupd(options)
-    return run_in_foreground(
-        daemon, log, running=lambda: f"lookupd running (pid {os.getpid()}): TCP on "
-                                     f"{daemon.tcp_address}, HTTP on {daemon.http_address}")
+    return serve(argv, parse_options, Lookupd, log,
+                 running=lambda daemon: f"lookupd running (pid {os.getpid()}): TCP on "
+                                        f"{daemon.tcp_address}, HTTP on {daemon.http_address}")

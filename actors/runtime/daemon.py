@@ -1,5 +1,6 @@
-"""What a daemon's ``main`` shares (the broker's, the lookup daemon's): logging at the
-flag's level and a life in the foreground until SIGTERM or SIGINT.
+"""What a daemon's ``main`` shares (the broker's, the lookup daemon's, the console's):
+its flags, logging at the flag's level and a life in the foreground until SIGTERM or
+SIGINT (:func:`serve` does all of it).
 
 :func:`run_in_foreground` starts the daemon, then waits for a signal and
 stops it in order.  A signal that comes while the daemon is still starting
@@ -12,13 +13,15 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from actors.runtime.flags import OptionsError
 from actors.runtime.options import LOG_FORMAT
 
-__all__ = ["Daemon", "log_level", "run_in_foreground", "setup_logging"]
+__all__ = ["Daemon", "log_level", "run_in_foreground", "serve", "setup_logging"]
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
            "error": logging.ERROR, "fatal": logging.CRITICAL}
@@ -38,6 +41,22 @@ class Daemon(Protocol):
     def start(self) -> Any: ...
 
     def stop(self) -> bool: ...
+
+
+def serve(argv: Sequence[str] | None, parse: Callable[[Sequence[str] | None], Any],
+          make: Callable[[Any], Daemon], log: logging.Logger, *,
+          running: Callable[[Any], str], **foreground: Any) -> int:
+    """A daemon's ``main``: its options (`parse`; a bad flag is one line and exit 2),
+    logging at their ``log_level``, then the daemon `make` makes of them in the
+    foreground (:func:`run_in_foreground`; `running` says it runs, from the daemon)."""
+    try:
+        options = parse(argv)
+    except OptionsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    setup_logging(options.log_level)
+    daemon = make(options)
+    return run_in_foreground(daemon, log, running=lambda: running(daemon), **foreground)
 
 
 class _Interrupted(BaseException):
