@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-One aiohttp app on its own thread (:class:`transport.http.base.AppServer`)
+One app (:mod:`transport.http.web`) on its own thread (:class:`transport.http.base.AppServer`)
 serves a page (``static/index.html``, ``app.js``, ``app.css``: plain
 JavaScript shipped in the package, no build step, nothing fetched from a
 CDN) and a small JSON API under ``<base-path>/api/`` that the page polls
@@ -48,10 +48,10 @@ from importlib import resources
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 
 from actors.admin.options import AdminOptions, parse_options
 from actors.runtime.daemon import serve
+from transport.http import web
 from transport.http.base import AppServer
 
 log = logging.getLogger("actors.admin")

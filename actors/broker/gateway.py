@@ -582,7 +582,7 @@ class HttpListener(Actor):
         facade = GatewayFacade(o)
         address = o.http_address
         try:
-            from transport.http.api import HttpServer  # noqa: PLC0415 - aiohttp only here
+            from transport.http.api import HttpServer  # noqa: PLC0415
 
             limits = Limits.from_options(o)
             auth = (o.auth_http_address, o.auth_http_request_method) \

@@ -1,1 +1,2 @@
-"""nsqd's HTTP API (aiohttp) and its renderings: Prometheus ``/metrics`` and text ``/stats``."""
+"""nsqd's and nsqlookupd's HTTP APIs, the HTTP/1.1 server they run on (``web``), and the
+renderings of stats: Prometheus ``/metrics`` and text ``/stats``."""

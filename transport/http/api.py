@@ -1,4 +1,4 @@
-"""nsqd 1.x's HTTP API as an aiohttp application that talks to an injected broker facade.
+"""nsqd 1.x's HTTP API as an application (:mod:`transport.http.web`) over an injected broker facade.
 
 Theory of operation
 -------------------
@@ -47,8 +47,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from typing import Any, Protocol, TypeVar
 
-from aiohttp import web
-
+from transport.http import web
 from transport.http.base import (
     EXECUTOR,
     AppServer,

@@ -1,5 +1,5 @@
 """What NSQ's HTTP daemons share: nsqd's "V1" answers, its error middleware, and a
-server that runs an aiohttp app on its own thread.
+server that runs an app (transport.http.web) on its own thread.
 
 Theory of operation
 -------------------
@@ -39,7 +39,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from aiohttp import web
+from transport.http import web
 
 __all__ = ["EXECUTOR", "V1_HEADERS", "AppServer", "HttpError", "call", "errors", "v1",
            "v1_error"]
@@ -210,11 +210,10 @@ class AppServer:
         self._loop = loop
         self._stopping = asyncio.Event()
         app = self.make_app(executor, self.port)
-        runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=self.shutdown_timeout)
-        await runner.setup()
+        runner = web.Runner(app, shutdown_timeout=self.shutdown_timeout)
         try:
-            await web.SockSite(runner, sock, ssl_context=self.ssl_context).start()
+            await runner.start(sock, self.ssl_context)
             self._ready.set()
             await self._stopping.wait()
         finally:
-            await runner.cleanup()
+            await runner.close()

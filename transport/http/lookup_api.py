@@ -1,4 +1,4 @@
-"""nsqlookupd 1.3's HTTP API as an aiohttp application over an injected facade.
+"""nsqlookupd 1.3's HTTP API as an application (:mod:`transport.http.web`) over an injected facade.
 
 Theory of operation
 -------------------
@@ -24,8 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any, Protocol
 
-from aiohttp import web
-
+from transport.http import web
 from transport.http.base import EXECUTOR, AppServer, HttpError, call, errors, v1
 from transport.protocol.validation import valid_name
 

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
+from transport.http import web
 from transport.http.api import HttpServer, make_app, split_binary_mpub
 from transport.http.metrics import (
     CONTENT_TYPE,
@@ -909,11 +909,25 @@ def test_make_app_serves_on_any_event_loop_with_the_default_executor() -> None:
     facade = FakeFacade()
 
     async def scenario() -> tuple[int, str, int]:
-        async with TestClient(TestServer(make_app(facade, LIMITS))) as client:
-            pub = await client.post("/pub?topic=t", data=b"m")
-            ping = await client.get("/ping")
-            info = await client.get("/info")
-            return pub.status, await ping.text(), (await info.json())["http_port"]
+        runner = web.Runner(make_app(facade, LIMITS))
+        sock = socket.create_server(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        await runner.start(sock)
+        try:
+            def requests() -> tuple[int, str, int]:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                conn.request("POST", "/pub?topic=t", b"m")
+                pub = conn.getresponse()
+                pub.read()
+                conn.request("GET", "/ping")
+                ping = conn.getresponse().read().decode()
+                conn.request("GET", "/info")
+                info = json.loads(conn.getresponse().read())
+                conn.close()
+                return pub.status, ping, info["http_port"]
+            return await asyncio.to_thread(requests)
+        finally:
+            await runner.close()
 
     assert asyncio.run(scenario()) == (200, "OK", 0)
     assert publishes(facade) == [("publish", "t", [b"m"], 0)]
