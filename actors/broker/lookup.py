@@ -47,7 +47,6 @@ import select
 import socket
 import time
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
@@ -370,6 +369,8 @@ def _send_and_read(sock: socket.socket, codec: LookupClientConnection, data: byt
 
 def _http_get(url: str) -> bytes:
     # (always http://, built from the daemon's IDENTIFY answer)
+    import urllib.request  # noqa: PLC0415 - with lookup daemons only, not in every start
+
     request = urllib.request.Request(  # noqa: S310
         url, headers={"Accept": "application/vnd.nsq; version=1.0"})
     with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as response:  # noqa: S310

@@ -29,8 +29,6 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-import psutil
-
 from actors.broker.gateway import GatewayFacade, ListenerInfo
 from actors.broker.nsq_message import is_ephemeral
 from actors.broker.options import BrokerOptions, run_dir_for
@@ -179,6 +177,8 @@ def _percentile(perc: float, ordered: list[float]) -> float:
 
 def _resident_bytes(options: BrokerOptions) -> int:
     """The resident memory of every process of the broker (the supervisor's list)."""
+    import psutil  # noqa: PLC0415 - only with --statsd-address, not in every start
+
     with ControlClient(run_dir_for(options.data_path), timeout=2.0) as ctl:
         pids = [p.pid for p in ctl.ps() if p.alive and p.pid]
     total = 0

@@ -19,8 +19,6 @@ import json
 import logging
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -80,6 +78,9 @@ class Webhook:
                 self._queue.popleft()
 
     def _deliver(self, event: dict[str, Any]) -> None:
+        import urllib.error  # noqa: PLC0415 - with a webhook only, not in every start
+        import urllib.request  # noqa: PLC0415
+
         body = json.dumps(event, separators=(",", ":")).encode()
         backoff = self.first_backoff
         for attempt in range(1, self.attempts + 1):
