@@ -8,7 +8,10 @@ ack-position mode -- a message leaves the disk only when its owner acks it
 topic's DPUBs kept while it has no channel, with their due times.  The store
 exists only while it holds something (created by the first `DqDefer`,
 removed when closed empty).  `#ephemeral` owners get a `storage.NullQueue`
-and no delayed store.
+and no delayed store.  A topic with retention (#21) also has its *history*
+(`storage.History`): ``DqRetain`` appends what it published and trims by its
+policy, ``DqTrim`` trims alone (the topic's timer, so an idle topic's history
+ages too); neither opens the queue.
 
 Messages are applied in the order they arrive, which is what the channel's
 effects ordering relies on (a delayed-store add before the ack that releases
@@ -36,6 +39,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,11 +47,12 @@ from typing import Any
 
 from actors.broker import health
 from actors.broker.messages import Stored
-from actors.broker.nsq_message import MAX_TAG_LENGTH, is_ephemeral
+from actors.broker.nsq_message import MAX_TAG_LENGTH, is_ephemeral, record_timestamp
 from actors.broker.options import BrokerOptions
 from actors.runtime.actor import Actor, no_spawn
 from storage import DelayedStore, DiskFailedError, DiskQueue, NullQueue, StorageError
 from storage.delayed import SUFFIX as DELAYED_SUFFIX
+from storage.history import History, history_path
 from transport.mailbox.envelope import message
 from transport.protocol.validation import DISK_FAILED, DISK_FULL
 
@@ -184,6 +189,38 @@ class DqStats:
     """Ask: the storage's stats dict."""
 
 
+@message
+@dataclass(frozen=True)
+class DqRetain:
+    """A topic with retention: append its published records to its history, then trim
+    it by the policy (``max_age_ns`` / ``max_bytes``, 0: no limit of that kind) at
+    ``now_ns``."""
+
+    records: list[bytes]
+    now_ns: int
+    max_age_ns: int
+    max_bytes: int
+    confirms: tuple[tuple[str, int], ...] = ()
+    """As for `DqPut`."""
+
+
+@message
+@dataclass(frozen=True)
+class DqTrim:
+    """Trim the history by the policy (as `DqRetain`, appending nothing); with both
+    limits 0 (retention turned off), delete it."""
+
+    now_ns: int
+    max_age_ns: int
+    max_bytes: int
+
+
+@message
+@dataclass(frozen=True)
+class DqHistoryStats:
+    """Ask: the history's ``retained_bytes`` and ``oldest_retained_timestamp`` (ns)."""
+
+
 def queue_name(owner: str) -> str:
     """File-name stem of an owner's queue: `T` for a topic, `T:C` for a channel (nsqd)."""
     return owner.replace("/", ":")
@@ -200,6 +237,7 @@ class DiskQueueActor(Actor):
         self.is_channel = "/" in self.owner
         self.queue: DiskQueue | NullQueue | None = None
         self.delayed: DelayedStore | None = None
+        self.history: History | None = None
         self.group_commit = options.sync_every == 1
         self.unsynced: list[tuple[str, int]] = []
         self.commits = 0
@@ -274,9 +312,12 @@ class DiskQueueActor(Actor):
         and fds).  No fsync and no clean-close record: the next open recovers by
         scanning, since this instance's idea of its files may be what failed."""
         queue, delayed, self.queue, self.delayed = self.queue, self.delayed, None, None
+        history, self.history = self.history, None
         try:
             if queue is not None:
                 queue.close(sync=False)
+            if history is not None:
+                history.close(sync=False)
         except Exception:
             log.exception("%s: releasing the queue after a crash failed", self.name)
         try:
@@ -288,6 +329,8 @@ class DiskQueueActor(Actor):
     def _close(self, *, sync: bool = True) -> None:
         if self.queue is not None:
             self.queue.close(sync=sync)
+        if self.history is not None:
+            self.history.close(sync=sync)
         if self.delayed is not None:
             if self.delayed.depth():
                 self.delayed.close()
@@ -310,14 +353,15 @@ class DiskQueueActor(Actor):
         if type(msg) is DqIdle:
             self._idle()
             return None
+        if type(msg) in _HISTORY:
+            self.last_used = self.clock()
+            return self._retain(msg)
         if type(msg) is DqStats and self.queue is None:  # (an operator's look: not a use)
             depth = 0 if self.ephemeral else DiskQueue.closed_depth(
                 queue_name(self.owner), self.options.data_path)
             return {"name": queue_name(self.owner), "closed": True, "depth": depth}
         self.last_used = self.clock()
-        if not self.idle_timer and self.options.queue_idle_close:
-            self.idle_timer = True
-            self.tell_later(self.options.queue_idle_close, DqIdle())
+        self._arm_idle_timer()
         opened = self.queue is None
         if opened:  # closed while idle, or deleted and the name in use again
             if type(msg) is DqOpen and (answer := self._closed_answer()) is not None:
@@ -378,7 +422,12 @@ class DiskQueueActor(Actor):
                 q.delete()
                 if self.delayed is not None:
                     self.delayed.delete()
-                self.queue, self.delayed = None, None
+                if self.history is not None:
+                    self.history.delete()
+                else:
+                    shutil.rmtree(history_path(self.options.data_path, queue_name(self.owner)),
+                                  ignore_errors=True)
+                self.queue, self.delayed, self.history = None, None, None
                 self.stop()  # nothing left to own; a reused name starts afresh
             case DqStats():
                 stats = q.stats()
@@ -391,6 +440,38 @@ class DiskQueueActor(Actor):
             case _:
                 log.warning("%s: unexpected message %r", self.name, msg)
         return None
+
+    def _retain(self, msg: DqRetain | DqTrim | DqHistoryStats) -> Any:
+        """The history's messages (it opens on the first; the queue stays as it is)."""
+        path = history_path(self.options.data_path, queue_name(self.owner))
+        if self.history is None:
+            if type(msg) is not DqRetain and not os.path.isdir(path):
+                return {"retained_bytes": 0, "oldest_retained_timestamp": 0} \
+                    if type(msg) is DqHistoryStats else None
+            self._arm_idle_timer()
+            self.history = _open_history(path, self.options)
+        history = self.history
+        match msg:
+            case DqRetain(records=records, confirms=confirms):
+                # a chunk spans a tenth of the age limit at most, so that age trims in steps
+                history.max_chunk_age_ns = msg.max_age_ns // 10
+                self._write(lambda: history.append(records), confirms)
+                history.trim(now_ns=msg.now_ns, max_age_ns=msg.max_age_ns,
+                             max_bytes=msg.max_bytes)
+            case DqTrim(now_ns=now_ns, max_age_ns=max_age_ns, max_bytes=max_bytes):
+                if max_age_ns or max_bytes:
+                    history.trim(now_ns=now_ns, max_age_ns=max_age_ns, max_bytes=max_bytes)
+                else:  # retention turned off: what was kept goes
+                    history.delete()
+                    self.history = None
+            case DqHistoryStats():
+                return history.stats()
+        return None
+
+    def _arm_idle_timer(self) -> None:
+        if not self.idle_timer and self.options.queue_idle_close:
+            self.idle_timer = True
+            self.tell_later(self.options.queue_idle_close, DqIdle())
 
     def _write(self, write: Any, confirms: Any) -> bool:
         """Do a write; confirm it now, or (group commit) at the next fsync. False if it failed."""
@@ -409,7 +490,7 @@ class DiskQueueActor(Actor):
             log.warning("%s: writes succeed again, after %d failed", self.name,
                         self.failed_writes)
             self.failed_writes = 0
-        if self.group_commit and isinstance(self.queue, DiskQueue):
+        if self.group_commit and not self.ephemeral:
             self.unsynced.extend(tuple(c) for c in confirms)
             return True
         for actor, token in confirms:
@@ -425,7 +506,7 @@ class DiskQueueActor(Actor):
     def _idle(self) -> None:
         """Close the files if nothing happened for a while and nothing is pending."""
         self.idle_timer = False
-        if self.queue is None:
+        if self.queue is None and self.history is None:
             return
         quiet = self.clock() - self.last_used
         if quiet < self.options.queue_idle_close:
@@ -442,7 +523,8 @@ class DiskQueueActor(Actor):
         them without an fsync (see `DiskQueue.close`).
         """
         q, delayed = self.queue, self.delayed
-        if (not self.options.queue_idle_close or not isinstance(q, DiskQueue) or q.pending()
+        if (not self.options.queue_idle_close or isinstance(q, NullQueue)
+                or (q is None and self.history is None) or (q is not None and q.pending())
                 or self.unsynced or (delayed is not None and delayed.depth())):
             return False  # in use (in flight, unsynced, deferred) or memory-only: keep it open
         if sync:
@@ -451,15 +533,18 @@ class DiskQueueActor(Actor):
             self.blocking(self._close)
         else:
             self._close(sync=False)
-        self.queue, self.delayed = None, None
+        self.queue, self.delayed, self.history = None, None, None
         return True
 
     @staticmethod
-    def _sync(queue: DiskQueue | NullQueue | None, delayed: DelayedStore | None) -> None:
+    def _sync(queue: DiskQueue | NullQueue | None, delayed: DelayedStore | None,
+              history: History | None) -> None:
         if queue is not None:
             queue.sync()
         if delayed is not None:
             delayed.sync()
+        if history is not None:
+            history.sync()
 
     def _commit(self) -> None:
         """fsync once for every write that queued up, then confirm them all."""
@@ -469,7 +554,7 @@ class DiskQueueActor(Actor):
             # On the node's I/O pool: this actor parks for the fsync while its
             # dispatcher thread runs the others, and the writes that arrive
             # meanwhile queue up for the next commit.
-            self.blocking(self._sync, self.queue, self.delayed)
+            self.blocking(self._sync, self.queue, self.delayed, self.history)
         except (StorageError, OSError) as e:
             log.error("%s: fsync failed: %s", self.name, e)
             self._note_failure()
@@ -477,3 +562,13 @@ class DiskQueueActor(Actor):
         self.commits += 1
         for actor, token in confirms:
             self.tell(actor, Stored(token, error))
+
+
+_HISTORY = (DqRetain, DqTrim, DqHistoryStats)
+
+
+def _open_history(path: str, options: BrokerOptions) -> History:
+    """A topic's history, in chunks of ``--max-bytes-per-file``."""
+    return History(path, chunk_bytes=options.max_bytes_per_file,
+                   max_record=options.max_msg_size + RECORD_OVERHEAD,
+                   timestamp=record_timestamp, sync_timeout=options.sync_timeout)

@@ -183,6 +183,16 @@ class PublishDone:
     error: tuple[str, str, bool] | None
 
 
+@no_spawn
+@message
+@dataclass(frozen=True)
+class RetentionTick:
+    """To a topic itself, on a timer: trim its history by its retention policy (a tick
+    of an earlier `generation` is stale: the policy changed since)."""
+
+    generation: int
+
+
 @message
 @dataclass(frozen=True)
 class Stored:
@@ -225,11 +235,13 @@ class ChannelConfig:
 @message
 @dataclass(frozen=True)
 class TopicConfig:
-    """Ask: set the topic's own settings (`values`: ``backlog_alarm_depth`` as an int
-    >= 0, or None to go back to the broker's default), kept in its metadata file; with
-    no values, only read them.  Reply: ``{"topic", "backlog_alarm_depth", "default"}``
-    (the effective value and whether it is the broker's default), or a
-    `BrokerError.to_wire()` tuple (``E_TOPIC_NOT_FOUND``)."""
+    """Ask: set the topic's own settings (`values`: ``backlog_alarm_depth``,
+    ``retention_time`` in seconds, ``retention_bytes``, each a number >= 0, or None to
+    go back to the broker's flag), kept in its metadata file; with no values, only read
+    them.  Reply: ``{"topic", "backlog_alarm_depth", "retention_time" (a duration
+    string), "retention_bytes", "defaults"}`` (the effective values, and which of them
+    are the broker's flags), or a `BrokerError.to_wire()` tuple (``E_TOPIC_NOT_FOUND``,
+    ``E_INVALID``)."""
 
     values: dict[str, Any] | None = None
 

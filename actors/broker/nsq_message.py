@@ -323,6 +323,12 @@ def untag_record(record: bytes) -> tuple[bytes, str]:
     return record[2 + n:], record[2:2 + n].decode("ascii")
 
 
+def record_timestamp(record: bytes) -> int:
+    """The publish time (ns) of a record a topic keeps, tagged or not."""
+    start = 2 + record[1] if record[0] == _TAG_MARK else 0
+    return int.from_bytes(record[start:start + 8], "big")
+
+
 def has_tagged(records: Sequence[bytes]) -> bool:
     """True if any of `records` carries a tag."""
     return any(r[0] == _TAG_MARK for r in records)

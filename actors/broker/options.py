@@ -182,6 +182,12 @@ class BrokerOptions:
         "POST /topic/config?topic=T&backlog_alarm_depth=N)")
     backlog_alarm_webhook: str = opt(
         "", "str", "URL each backlog alarm's firing and clearing is POSTed to (JSON)")
+    retention_time: float = opt(
+        0.0, "duration", "how long each topic keeps what it published, after fan-out (e.g. "
+        "7d, 36h; 0: no age limit; per topic: POST /topic/config?topic=T&retention_time=7d)")
+    retention_bytes: int = opt(
+        0, "int", "most bytes of history each topic keeps (0: no size limit; either limit "
+        "turns retention on; per topic: POST /topic/config?topic=T&retention_bytes=N)")
     dead_letter_topic: str = opt("", "str", 'dead-letter topic (default: "<topic>.dead")')
     shutdown_timeout: float = opt(10.0, "duration", "longest orderly shutdown")
     debug_hooks: bool = opt(False, "bool", "enable debug-only operations (chaos tests)")
@@ -341,6 +347,10 @@ def _validate(o: BrokerOptions) -> None:
         )
     if o.max_req_timeout < 0:
         raise fail("max_req_timeout", f"must not be negative, got {d(o.max_req_timeout)}")
+    if o.retention_time < 0:
+        raise fail("retention_time", f"must not be negative, got {d(o.retention_time)}")
+    if o.retention_bytes < 0:
+        raise fail("retention_bytes", f"must be >= 0, got {o.retention_bytes}")
     if not 0 <= o.queue_scan_dirty_percent <= 1:
         raise fail(
             "queue_scan_dirty_percent", f"must be in [0, 1], got {o.queue_scan_dirty_percent}"

@@ -27,6 +27,14 @@ metadata with the channel).  The topic keeps a tagged message as a tagged record
 hands each channel only what its filter takes, without the tag; when no message
 is tagged and no channel filters, fan-out is as it was.
 
+Retention (#21): with ``--retention-time`` / ``--retention-bytes`` (or the
+topic's own ``retention_time`` / ``retention_bytes`` settings, ``TopicConfig``)
+the topic also has every publish appended to its history (``DqRetain`` to its
+disk-queue actor, as records, tags kept; ``storage.history``), which trims it
+by the policy as it writes, and on a timer (``RetentionTick``) so an idle
+topic's history ages too.  With ``--mem-queue-size=0`` a publish is answered
+once the history has it too.  Turning retention off deletes the history.
+
 The topic owns its metadata file ``<data>/<topic>.topic.json`` (paused flag,
 channels with their paused flags and tag filters, settings), rewritten
 atomically on every change and read at start, when the topic re-creates its
@@ -51,14 +59,18 @@ from actors.broker.diskqueue import (
     DqDefer,
     DqDelete,
     DqEmpty,
+    DqHistoryStats,
     DqMessages,
     DqOpen,
     DqPut,
     DqRead,
     DqReopened,
+    DqRetain,
     DqStats,
+    DqTrim,
     DqUndefer,
     DqWriteFailed,
+    queue_name,
 )
 from actors.broker.e2e import E2E_SAMPLES
 from actors.broker.e2e import result as e2e_result
@@ -85,6 +97,7 @@ from actors.broker.messages import (
     Publish,
     PublishDone,
     PublishEncoded,
+    RetentionTick,
     Stored,
     TopicCommand,
     TopicConfig,
@@ -100,8 +113,9 @@ from actors.broker.nsq_message import (
     tag_record,
     untag_record,
 )
-from actors.broker.options import BrokerOptions
+from actors.broker.options import BrokerOptions, format_duration, to_ns
 from actors.runtime.actor import Actor
+from storage.history import history_path
 from storage.meta import write_atomic
 from transport.protocol.validation import TAG_RULE
 
@@ -179,12 +193,19 @@ def _checked_tags(tags: Sequence[str]) -> frozenset[str]:
     return frozenset(tags)
 
 
+TOPIC_SETTINGS = {"backlog_alarm_depth": (int,), "retention_time": (int, float),
+                  "retention_bytes": (int,)}
+"""A topic's own settings (``TopicConfig``), each a number >= 0 of these types
+(``retention_time`` in seconds); absent, the broker's flag of the same name holds."""
+
+
 def _checked_config(config: dict[str, Any], *, strict: bool = False) -> dict[str, Any]:
     """A topic's settings as kept in its metadata: known keys with good values (`strict`:
     anything else is E_INVALID; otherwise, reading a file, it is dropped with a warning)."""
     out: dict[str, Any] = {}
     for key, value in config.items():
-        good = key == "backlog_alarm_depth" and type(value) is int and value >= 0
+        kinds = TOPIC_SETTINGS.get(key, ())
+        good = type(value) in kinds and 0 <= value < float("inf")  # (NaN is neither)
         if good:
             out[key] = value
         elif strict:
@@ -206,6 +227,9 @@ class TopicActor(Actor):
         self.ephemeral = is_ephemeral(self.topic)
         self.dq = f"diskqueue:{self.topic}"
         self.meta_path = topic_meta_path(options.data_path, self.topic)
+        self.history_path = history_path(options.data_path, queue_name(self.topic))
+        self.ticking = 0  # the generation of the RetentionTick on its way (0: none)
+        self._generations = itertools.count(1)
         self.guids = GuidFactory(options.node_id)
         # --mem-queue-size=0: a publish is answered only when it is on disk everywhere
         self.durable_ack = options.mem_queue_size == 0 and not self.ephemeral
@@ -268,6 +292,8 @@ class TopicActor(Actor):
             self._channel(channel, "hello")
             if paused:
                 self._channel(channel, "pause")
+        if self.exists:
+            self._arm_retention()
         self._drain()
 
     def on_stop(self) -> None:
@@ -361,7 +387,16 @@ class TopicActor(Actor):
             case PublishEncoded(messages=messages):
                 self._ensure_exists()
                 self.message_count += len(messages)
+                self._retain(list(messages), None)
                 self._route(list(messages))
+            case RetentionTick(generation=generation):
+                if generation != self.ticking:
+                    return None  # (the policy changed since: a newer tick is coming)
+                self.ticking = 0
+                age, size = self._retention()
+                if age or size:
+                    self.tell(self.dq, DqTrim(self.clock(), age, size))
+                    self._arm_retention()
             case DqMessages(items=items, depth=depth):
                 self._from_disk(items, depth)
             case DqReopened():
@@ -533,20 +568,54 @@ class TopicActor(Actor):
         self.message_count += len(encoded)
         self.message_bytes += size
         confirm = (self.name, token) if token else None
+        retained = self._retain(_records(encoded, tags), confirm)
         if defer_ms:
             due = now + defer_ms * 1_000_000
             items = [(m, due) for m in _records(encoded, tags)]
             if self.channels:
                 sent = self._fanout_deferred(items, confirm)
-                return sent if confirm else 0
+                return sent + retained if confirm else 0
             self.deferred.extend(items)
             if not confirm:
                 return 0
             # durable and no channel yet: answered once in the delayed store, due time kept
             self.deferred_on_disk = True
             self.tell(self.dq, DqDefer(_delayed_entries(items), (confirm,)))
-            return 1
-        return self._route(encoded, confirm, tags)
+            return 1 + retained
+        return self._route(encoded, confirm, tags) + retained
+
+    # ---------------------------------------------------------------- retention
+
+    def _retention(self) -> tuple[int, int]:
+        """This topic's retention: `(max age ns, max bytes)`; `(0, 0)` is off."""
+        if self.ephemeral:
+            return 0, 0
+        seconds = self.config.get("retention_time", self.options.retention_time)
+        return to_ns(seconds), int(self.config.get("retention_bytes",
+                                                   self.options.retention_bytes))
+
+    def _retain(self, records: list[bytes], confirm: tuple[str, int] | None) -> int:
+        """Append just-published records to the history if retention is on; returns
+        the confirmations to await (1 when durable)."""
+        age, size = self._retention()
+        if not (age or size):
+            return 0
+        self.tell(self.dq, DqRetain(records, self.clock(), age, size,
+                                    (confirm,) if confirm else ()))
+        return 1 if confirm else 0
+
+    def _arm_retention(self, *, changed: bool = False) -> None:
+        """With retention on, keep a `RetentionTick` coming (every tenth of the age
+        limit, from 1 s to 60 s; `changed`: a new one at the new pace); with it off,
+        delete a history left from when it was on."""
+        age, size = self._retention()
+        if age or size:
+            if changed or not self.ticking:
+                self.ticking = next(self._generations)
+                self.tell_later(min(60.0, max(1.0, age / 1e10)) if age else 60.0,
+                                RetentionTick(self.ticking))
+        elif not self.ephemeral and os.path.isdir(self.history_path):
+            self.tell(self.dq, DqTrim(self.clock(), 0, 0))
 
     def _route(self, encoded: list[bytes], confirm: tuple[str, int] | None = None,
                tags: list[str] | None = None) -> int:
@@ -765,9 +834,15 @@ class TopicActor(Actor):
             update = self._channel_config()
             for channel in self.channels:
                 self.tell(self._channel_name(channel), update)
+            age, size = self._retention()
+            if age or size:  # a lower limit applies at once
+                self.tell(self.dq, DqTrim(self.clock(), age, size))
+            self._arm_retention(changed=True)
+        age, size = self._retention()
         return {"topic": self.topic,
                 "backlog_alarm_depth": self._channel_config().backlog_alarm_depth,
-                "default": "backlog_alarm_depth" not in self.config}
+                "retention_time": format_duration(age / 1e9), "retention_bytes": size,
+                "defaults": sorted(k for k in TOPIC_SETTINGS if k not in self.config)}
 
     def _channel_tags(self, channel: str, tags: Sequence[str] | None, *,
                       create: bool) -> dict[str, Any]:
@@ -817,9 +892,16 @@ class TopicActor(Actor):
 
     def _stats(self, include_clients: bool, include_storage: bool = False) -> dict[str, Any]:
         names = sorted(self.channels)
-        replies = self.ask_many([(self._channel_name(c),
-                                  ChannelStats(include_clients, include_storage))
-                                 for c in names], timeout=5)
+        age, size = self._retention()
+        retaining = bool(age or size)
+        replies = self.ask_many([*((self._channel_name(c),
+                                    ChannelStats(include_clients, include_storage))
+                                   for c in names),
+                                 *([(self.dq, DqHistoryStats())] if retaining else [])],
+                                timeout=5)
+        history = replies.pop() if retaining else {}
+        if not isinstance(history, dict):  # (an exception: the history cannot say now)
+            history = {}
         channels = [{"channel_name": c, "error": str(r)} if isinstance(r, Exception) else r
                     for c, r in zip(names, replies, strict=True)]
         for c, entry in zip(names, channels, strict=True):
@@ -834,6 +916,8 @@ class TopicActor(Actor):
             "dropped_count": self.dropped,
             "deferred_count": len(self.deferred),
             "paused": self.paused,
+            "retained_bytes": history.get("retained_bytes", 0),
+            "oldest_retained_timestamp": history.get("oldest_retained_timestamp", 0),
             "channels": channels,
             **e2e,
             **({"storage": self.ask(self.dq, DqStats(), timeout=5)}

@@ -13,7 +13,8 @@ reads a config file with the same keys (``mem_queue_size`` or
 
 Kinds: ``str``, ``address`` (``host:port``), ``zmq_address``, ``int``,
 ``float``, ``bool``, ``duration`` (seconds, written as Go durations:
-``"100ms"``, ``"2s"``, ``"1m30s"``, or a plain number of seconds),
+``"100ms"``, ``"2s"``, ``"1m30s"``, and ``d`` for days, ``"7d"``; or a plain number
+of seconds),
 ``log_level``; ``?`` after a kind allows None (empty), ``[]`` makes the flag
 repeatable and the value a tuple.  Any bad value raises
 :class:`OptionsError` (a ``ValueError``) whose sentence names the option.
@@ -28,15 +29,15 @@ import argparse
 import dataclasses
 import difflib
 import functools
-import math
 import os
-import re
 import sys
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import field
 from pathlib import Path
 from typing import Any
+
+from transport.protocol.duration import format_duration, parse_duration
 
 __all__ = [
     "LOG_LEVELS",
@@ -92,63 +93,6 @@ def check_host_port(name: str, value: str) -> None:
     )
     if not ok:
         raise fail(name, f'expected "<host>:<port>" (e.g. "127.0.0.1:4150"), got {value!r}')
-
-
-# ---------------------------------------------------------------------------
-# Durations
-
-_UNITS = {
-    "ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0
-}  # fmt: skip
-_PART = r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)"
-_GO_DURATION = re.compile(rf"([+-]?)((?:{_PART})+)")
-_GO_PART = re.compile(_PART)
-_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
-
-
-def parse_duration(value: object) -> float:
-    """Seconds from a Go duration (``"1m30s"``, ``"100ms"``) or a plain number of seconds."""
-    if isinstance(value, bool):
-        msg = f"{value!r} is not a duration"
-        raise ValueError(msg)
-    if isinstance(value, int | float):
-        seconds = float(value)
-    elif isinstance(value, str):
-        text = value.strip()
-        if _NUMBER.fullmatch(text):
-            seconds = float(text)
-        elif m := _GO_DURATION.fullmatch(text):
-            seconds = sum(float(n) * _UNITS[u] for n, u in _GO_PART.findall(m.group(2)))
-            if m.group(1) == "-":
-                seconds = -seconds
-        else:
-            msg = f'{value!r} is not a duration (examples: "100ms", "2s", "1m30s", "1h", 2.5)'
-            raise ValueError(msg)
-    else:
-        msg = f"{value!r} is not a duration"
-        raise ValueError(msg)
-    if not math.isfinite(seconds):
-        msg = f"{value!r} is not a finite duration"
-        raise ValueError(msg)
-    return seconds
-
-
-def format_duration(seconds: float) -> str:
-    """A short Go-style spelling of ``seconds``: ``0.1 -> "100ms"``, ``90 -> "1m30s"``."""
-    if seconds < 0:
-        return "-" + format_duration(-seconds)
-    if seconds == 0:
-        return "0s"
-    if seconds < 1:
-        ms = seconds * 1000
-        return f"{ms:g}ms" if ms >= 1 else f"{seconds * 1e6:g}us"
-    whole = int(seconds)
-    hours, rest = divmod(whole, 3600)
-    minutes, secs = divmod(rest, 60)
-    secs_f = secs + (seconds - whole)
-    parts = [f"{hours}h" if hours else "", f"{minutes}m" if minutes else ""]
-    parts.append(f"{secs_f:g}s" if secs_f else "")
-    return "".join(parts)
 
 
 # ---------------------------------------------------------------------------

@@ -72,7 +72,9 @@ def test_a_topic_has_its_own_threshold_kept_across_restarts(tmp_path):
         assert call(b, "POST", "/channel/create?topic=t&channel=c")[0] == 200
         status, raw = call(b, "GET", "/topic/config?topic=t")
         assert (status, json.loads(raw)) == (
-            200, {"topic": "t", "backlog_alarm_depth": 2, "default": True})
+            200, {"topic": "t", "backlog_alarm_depth": 2, "retention_time": "0s",
+                  "retention_bytes": 0, "defaults": ["backlog_alarm_depth", "retention_bytes",
+                                                     "retention_time"]})
         b.publish("t", [b"1", b"2"])
         wait_for(lambda: _channel(b, "t")["backlog_alarm"], what="the alarm at 2")
         # a higher threshold for this topic clears it at once
@@ -81,13 +83,17 @@ def test_a_topic_has_its_own_threshold_kept_across_restarts(tmp_path):
         wait_for(lambda: not _channel(b, "t")["backlog_alarm"], what="cleared at 5")
     with Broker(broker_options(data, backlog_alarm_depth=2)) as b:
         status, raw = call(b, "GET", "/topic/config?topic=t")
-        assert json.loads(raw) == {"topic": "t", "backlog_alarm_depth": 5, "default": False}
+        assert json.loads(raw) == {"topic": "t", "backlog_alarm_depth": 5, "retention_time": "0s",
+                                   "retention_bytes": 0,
+                                   "defaults": ["retention_bytes", "retention_time"]}
         wait_for(lambda: _channel(b, "t")["backlog_alarm_depth"] == 5, what="restored")
         assert _channel(b, "t")["backlog_alarm"] is False
         # 0 turns it off for this topic; "default" goes back to the flag
         assert call(b, "POST", "/topic/config?topic=t&backlog_alarm_depth=0")[0] == 200
         status, raw = call(b, "POST", "/topic/config?topic=t&backlog_alarm_depth=default")
-        assert json.loads(raw) == {"topic": "t", "backlog_alarm_depth": 2, "default": True}
+        assert json.loads(raw) == {"topic": "t", "backlog_alarm_depth": 2, "retention_time": "0s",
+                  "retention_bytes": 0, "defaults": ["backlog_alarm_depth", "retention_bytes",
+                                                     "retention_time"]}
         wait_for(lambda: _channel(b, "t")["backlog_alarm"], what="the alarm at 2 again")
         # bad requests get nsqd-style answers and change nothing
         for path, answer in [

@@ -59,6 +59,7 @@ from transport.http.base import (
 )
 from transport.http.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from transport.http.metrics import format_stats_text, render_metrics
+from transport.protocol.duration import parse_duration
 from transport.protocol.validation import (
     DISK_FAILED,
     DISK_FULL,
@@ -115,9 +116,10 @@ class BrokerFacade(Protocol):
         ...
 
     def topic_config(self, topic: str, values: dict[str, Any] | None) -> dict[str, Any]:
-        """Set a topic's own settings (``backlog_alarm_depth``: an int >= 0, or None for
-        the broker's default) and answer the effective ones (``{"topic",
-        "backlog_alarm_depth", "default"}``).  Raises ``E_TOPIC_NOT_FOUND``."""
+        """Set a topic's own settings (``backlog_alarm_depth`` and ``retention_bytes``:
+        ints >= 0, ``retention_time``: seconds >= 0; None for the broker's flag) and
+        answer the effective ones (``{"topic", "backlog_alarm_depth", "retention_time"
+        (a duration), "retention_bytes", "defaults"}``).  Raises ``E_TOPIC_NOT_FOUND``."""
         ...
 
     def stats(self, topic: str | None, channel: str | None, include_clients: bool,
@@ -427,22 +429,31 @@ def _command_handler(command: str, *, channel: bool) -> _Handler:
     return handler
 
 
-TOPIC_SETTINGS = ("backlog_alarm_depth",)
-"""What ``/topic/config`` sets: a decimal >= 0, or ``default`` (the broker's flag)."""
+TOPIC_SETTINGS = ("backlog_alarm_depth", "retention_time", "retention_bytes")
+"""What ``/topic/config`` sets: a decimal >= 0 (``retention_time``: a duration, ``7d``,
+``36h``, ``0``), or ``default`` (the broker's flag)."""
 
 
-def _setting(request: web.Request, key: str) -> int | None:
+def _setting(request: web.Request, key: str) -> float | None:
     raw = request.query[key]
     if raw == "default":
         return None
-    if not raw.isdigit() or len(raw) > 18:
-        raise HttpError(400, f"INVALID_ARG_{key.upper()}")
-    return int(raw)
+    if key == "retention_time":
+        try:
+            seconds = parse_duration(raw)
+        except ValueError:
+            seconds = -1.0
+        if seconds >= 0:
+            return seconds
+    elif raw.isdigit() and len(raw) <= 18:
+        return int(raw)
+    raise HttpError(400, f"INVALID_ARG_{key.upper()}")
 
 
 async def _topic_config(request: web.Request) -> web.Response:
     """``GET /topic/config?topic=T``: the topic's effective settings; ``POST`` with
-    ``backlog_alarm_depth=N`` (or ``default``) sets them, kept across restarts."""
+    ``backlog_alarm_depth=N``, ``retention_time=7d``, ``retention_bytes=N`` (each may be
+    ``default``) sets them, kept across restarts."""
     topic = _topic_arg(request)
     values = None
     if request.method == "POST":

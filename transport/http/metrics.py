@@ -101,6 +101,9 @@ TOPIC_FAMILIES: tuple[Family, ...] = (
     _family("nsq_topic_dropped_total", "counter",
             "Messages the topic dropped (ephemeral topic over its memory queue).",
             "dropped_count"),
+    _family("nsq_topic_retained_bytes", "gauge",
+            "Bytes of the topic's history kept by its retention policy (0: retention off).",
+            "retained_bytes"),
 )
 """Per topic, labelled ``topic``."""
 

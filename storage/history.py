@@ -1,0 +1,324 @@
+"""A topic's history: every message it published, kept in chunk files under a retention policy.
+
+Theory of operation
+-------------------
+NSQ forgets a message once its channels have it; a topic with retention
+(#21) also appends each published batch to its *history*, a log of chunk
+files in a directory of its own (``<data>/<topic>.history/000001.dat`` ...),
+in the format of every queue here (``storage.chunk``: one CRC'd batch frame
+per append).  Nothing reads the history to deliver: the channels have their
+own copies, so retention never touches what a channel has not consumed.
+
+Retention deletes whole chunk files, oldest first, as EQueue does, so it costs
+nothing per message (:meth:`History.trim`):
+
+* by age: a chunk goes once every message in it is older than the limit,
+  known without reading it: the next chunk's first message is older (messages
+  are appended in publish order);
+* by size: the oldest chunks go while the history is over the limit.
+
+The chunk being written is never deleted, so a history holds at least what
+was published since it last rotated (``chunk_bytes``): a quiet topic keeps its
+recent messages past the age limit until its chunk fills.  A chunk rotates
+when the next append would not fit, or when an append comes ``max_chunk_age``
+after the chunk's first message (so that age-based retention can delete in
+steps of about that age).
+
+Recovery on open: sealed chunks are trusted by their header; the last one is
+walked frame by frame and cut after its last valid frame (a torn tail after
+``kill -9``, or damage, whose bytes are copied to ``<chunk>.bad``).  A chunk
+whose header is damaged is renamed ``.bad`` and skipped.
+
+Each chunk's first message timestamp is read from its first record when first
+needed (``timestamp`` turns a record into its publish time in ns; the broker's
+records are NSQ messages, possibly tagged) and remembered.  Durability is
+that of a queue: appended bytes are in the OS at once, ``sync()`` (and the
+process-wide syncer, ``sync_timeout`` after a write) fdatasyncs them, and an
+fsync error fails the history for good (:class:`DiskFailedError`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from storage.chunk import (
+    HEADER_SIZE,
+    RECORD_OVERHEAD,
+    ChunkHeader,
+    ChunkWriter,
+    CorruptRecordError,
+    batch_body,
+    read_record,
+    scan,
+    split_batch,
+)
+from storage.diskqueue import MAX_FRAME_BODY, _split_frames
+from storage.errors import DiskFailedError, QueueClosedError
+from storage.meta import fsync_dir
+from storage.syncer import SYNCER, Syncer
+
+__all__ = ["History"]
+
+log = logging.getLogger(__name__)
+
+SUFFIX = ".history"
+"""The history of topic T is the directory ``T.history`` in the data directory."""
+
+
+@dataclass
+class _Chunk:
+    number: int
+    size: int  # bytes of the file
+    count: int  # messages
+    first_ns: int | None = None  # the first message's timestamp, once read
+
+
+class History:
+    """See the module docstring.  One thread appends, trims and reads at a time; the
+    syncer's thread may sync meanwhile."""
+
+    def __init__(self, path: str, *, chunk_bytes: int, max_record: int,
+                 timestamp: Callable[[bytes], int], sync_timeout: float = 2.0,
+                 max_chunk_age_ns: int = 0, syncer: Syncer = SYNCER) -> None:
+        self.path = path
+        self.chunk_bytes = chunk_bytes
+        self.max_record = max_record
+        self.max_chunk_age_ns = max_chunk_age_ns
+        self._timestamp = timestamp
+        self._sync_timeout = sync_timeout
+        self._syncer = syncer
+        self._lock = threading.Lock()
+        self._chunks: list[_Chunk] = []
+        self._writer: ChunkWriter | None = None
+        self._sync_scheduled = False
+        self._dir_dirty = False
+        self._closed = False
+        self.failed = ""
+        self.deleted_chunks = 0
+        created = not os.path.isdir(path)
+        os.makedirs(path, exist_ok=True)
+        if created:
+            fsync_dir(os.path.dirname(os.path.abspath(path)))
+        self._recover()
+
+    # ------------------------------------------------------------------ open
+
+    def _file(self, number: int) -> str:
+        return os.path.join(self.path, f"{number:06d}.dat")
+
+    def _recover(self) -> None:
+        numbers = sorted(int(name[:-4]) for name in os.listdir(self.path)
+                         if name.endswith(".dat") and name[:-4].isdigit())
+        for i, number in enumerate(numbers):
+            path = self._file(number)
+            last = i == len(numbers) - 1
+            header = _header(path)
+            if header is None:
+                log.error("history %s: chunk %s has a damaged header; moved aside as .bad",
+                          self.path, path)
+                os.replace(path, path + ".bad")
+                continue
+            if header.sealed and not last:
+                self._chunks.append(_Chunk(number, os.path.getsize(path), header.count))
+                continue
+            result = scan(path, self.max_record)
+            if not result.clean and not result.torn:
+                log.error("history %s: chunk %s is damaged after %d messages; the rest is "
+                          "kept aside in %s.bad", self.path, path, result.count, path)
+                shutil.copyfile(path, path + ".bad")
+            if header.sealed or not last:  # (an unsealed chunk before the last: cut it)
+                with open(path, "r+b") as f:
+                    f.truncate(result.end)
+                self._chunks.append(_Chunk(number, result.end, result.count))
+                continue
+            with open(path, "r+b") as f:  # the chunk being written: append after its end
+                f.truncate(result.end)
+            self._writer = ChunkWriter(path, number, self.chunk_bytes, create=False,
+                                       end=result.end, count=result.count)
+            self._chunks.append(_Chunk(number, result.end, result.count))
+
+    # ----------------------------------------------------------------- write
+
+    def append(self, records: Sequence[bytes]) -> None:
+        """Append records (in publish order) as one frame (several past 1 MiB)."""
+        if not records:
+            return
+        records = list(records)
+        groups = ([(records, [len(r) for r in records])]
+                  if sum(map(len, records)) <= MAX_FRAME_BODY and len(records) < 65536
+                  else _split_frames(records))
+        with self._lock:
+            if self._closed:
+                raise QueueClosedError(f"history {self.path} is closed")
+            if self.failed:
+                raise DiskFailedError(self.failed)
+            for messages, lengths in groups:
+                body = batch_body(messages, lengths)
+                w = self._room(len(body) + RECORD_OVERHEAD, messages[0])
+                w.append_batch(body, len(messages))
+                current = self._chunks[-1]
+                current.size, current.count = w.end, w.count
+                if current.first_ns is None:
+                    current.first_ns = self._timestamp(messages[0])
+            if not self._sync_scheduled:
+                self._sync_scheduled = True
+                self._syncer.schedule(self, self._sync_timeout)
+
+    def _room(self, nbytes: int, first: bytes) -> ChunkWriter:
+        """The writer that takes `nbytes` more: the current chunk, or a new one when it
+        is full or (``max_chunk_age_ns``) its first message is that old."""
+        w = self._writer
+        if w is not None and (not w.count or (w.room_for(nbytes) and not self._aged(first))):
+            return w
+        number = self._chunks[-1].number + 1 if self._chunks else 1
+        nxt = ChunkWriter(self._file(number), number, self.chunk_bytes, create=True)
+        self._dir_dirty = True
+        if w is not None:
+            w.seal()
+            self._chunks[-1].size = w.end
+        self._writer = nxt
+        self._chunks.append(_Chunk(number, nxt.end, 0))
+        return nxt
+
+    def _aged(self, first: bytes) -> bool:
+        """Whether the chunk being written began ``max_chunk_age_ns`` before `first`."""
+        began = self._chunks[-1].first_ns
+        return bool(self.max_chunk_age_ns) and began is not None and \
+            self._timestamp(first) - began >= self.max_chunk_age_ns
+
+    def sync(self) -> None:
+        """fdatasync what was appended (and the directory, if a chunk was created)."""
+        with self._lock:
+            self._sync_locked()
+
+    def _sync_locked(self) -> None:
+        self._sync_scheduled = False
+        if self._closed:
+            return
+        if self.failed:
+            raise DiskFailedError(self.failed)
+        try:
+            if self._writer is not None:
+                self._writer.flush()
+            if self._dir_dirty:
+                fsync_dir(self.path)
+                self._dir_dirty = False
+        except OSError as e:
+            self.failed = f"history {self.path}: fsync failed: {e}"
+            raise DiskFailedError(self.failed) from e
+
+    def _timed_sync(self) -> None:
+        with self._lock, contextlib.suppress(DiskFailedError):  # (the next write says)
+            self._sync_locked()
+
+    # ---------------------------------------------------------------- retain
+
+    def trim(self, *, now_ns: int, max_age_ns: int = 0, max_bytes: int = 0) -> int:
+        """Delete the oldest chunks the policy no longer keeps (0: no limit of that
+        kind); never the chunk being written.  Returns how many were deleted."""
+        deleted = 0
+        with self._lock:
+            chunks = self._chunks
+            while len(chunks) > 1:
+                too_big = bool(max_bytes) and self._bytes() > max_bytes
+                too_old = False
+                if max_age_ns and not too_big:
+                    # every message of the oldest chunk is at or before the next's first
+                    nxt = self._first_ns(chunks[1])
+                    too_old = nxt is not None and nxt < now_ns - max_age_ns
+                if not (too_big or too_old):
+                    break
+                gone = chunks.pop(0)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self._file(gone.number))
+                deleted += 1
+            if deleted:
+                self.deleted_chunks += deleted
+                self._dir_dirty = True
+        return deleted
+
+    def _bytes(self) -> int:
+        return sum(c.size for c in self._chunks)
+
+    def _first_ns(self, chunk: _Chunk) -> int | None:
+        """The timestamp of `chunk`'s first message (read once), None if it has none."""
+        if chunk.first_ns is None and chunk.count:
+            first = self._first_record(chunk.number)
+            if first is not None:
+                chunk.first_ns = self._timestamp(first)
+        return chunk.first_ns
+
+    def _first_record(self, number: int) -> bytes | None:
+        try:
+            with open(self._file(number), "rb") as f:
+                head = f.read(HEADER_SIZE + 8)
+                if len(head) < HEADER_SIZE + 8:
+                    return None
+                length = int.from_bytes(head[HEADER_SIZE:HEADER_SIZE + 4], "little")
+                f.seek(HEADER_SIZE)
+                raw = f.read(8 + (length & 0x7FFFFFFF) + 4)
+            field, body, _ = read_record(raw, 0, len(raw))
+        except (OSError, CorruptRecordError):
+            return None
+        return split_batch(body)[0] if field & 0x80000000 else body
+
+    # ------------------------------------------------------------------ look
+
+    def stats(self) -> dict[str, int]:
+        """``retained_bytes``, ``retained_messages``, ``oldest_retained_timestamp`` (ns,
+        0 when empty), ``chunks`` and ``deleted_chunks`` (since open)."""
+        with self._lock:
+            oldest = next((c for c in self._chunks if c.count), None)
+            first = self._first_ns(oldest) if oldest is not None else None
+            return {"retained_bytes": self._bytes(),
+                    "retained_messages": sum(c.count for c in self._chunks),
+                    "oldest_retained_timestamp": first or 0,
+                    "chunks": len(self._chunks), "deleted_chunks": self.deleted_chunks}
+
+    # ----------------------------------------------------------------- close
+
+    def close(self, *, sync: bool = True) -> None:
+        """Sync (unless `sync` is False: a crash's release) and let go of the files (the
+        chunk being written stays unsealed, to be appended to after the next open)."""
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                if sync and not self.failed:
+                    self._sync_locked()
+            finally:
+                self._closed = True
+                if self._writer is not None:
+                    self._writer.close()
+                    self._writer = None
+
+    def delete(self) -> None:
+        """Remove the history and its directory."""
+        with self._lock:
+            self._closed = True
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+            self._chunks = []
+        shutil.rmtree(self.path, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+
+
+def _header(path: str) -> ChunkHeader | None:
+    try:
+        with open(path, "rb") as f:
+            return ChunkHeader.unpack(f.read(HEADER_SIZE))
+    except OSError:
+        return None
+
+
+def history_path(data_path: str, name: str) -> str:
+    """Where the history of the topic `name` lives in `data_path`."""
+    return os.path.join(data_path, name + SUFFIX)

@@ -1,0 +1,188 @@
+"""Retention (#21): a topic keeps what it published in its history, trimmed by whole
+chunks by age or size; off by default; set per topic over HTTP and kept across restarts."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actors.broker import Broker
+from tests.broker.conftest import broker_options
+from tests.broker.test_broker_actors import wait_for
+from tests.broker.test_http_broker import call
+
+pytestmark = pytest.mark.timeout(90)
+
+BODY = b"x" * 1000
+
+
+def _topic(b: Broker, topic: str) -> dict[str, Any]:
+    return b.topic_stats(topic)
+
+
+def _history_files(data: Path, topic: str) -> list[str]:
+    path = data / f"{topic}.history"
+    return sorted(os.listdir(path)) if path.is_dir() else []
+
+
+def _publish(b: Broker, topic: str, batches: int, per_batch: int = 50) -> None:
+    for i in range(batches):
+        b.publish(topic, [b"%04d-%03d" % (i, j) + BODY for j in range(per_batch)])
+
+
+def _config(b: Broker, query: str, method: str = "POST") -> tuple[int, dict[str, Any]]:
+    status, raw = call(b, method, f"/topic/config?{query}")
+    return status, json.loads(raw)
+
+
+def test_retention_is_off_by_default_and_keeps_no_history(tmp_path):
+    b = Broker(broker_options(tmp_path / "data")).start()
+    try:
+        _publish(b, "t", 3)
+        stats = _topic(b, "t")
+        assert (stats["retained_bytes"], stats["oldest_retained_timestamp"]) == (0, 0)
+        assert _config(b, "topic=t", "GET") == (200, {
+            "topic": "t", "backlog_alarm_depth": 0, "retention_time": "0s",
+            "retention_bytes": 0,
+            "defaults": ["backlog_alarm_depth", "retention_bytes", "retention_time"]})
+        assert not (tmp_path / "data" / "t.history").exists()
+    finally:
+        b.stop()
+
+
+def test_retention_by_size_trims_whole_chunks_and_never_what_a_channel_has_not_consumed(
+        tmp_path):
+    data = tmp_path / "data"
+    # Given a broker keeping 200 KB of each topic's history, in 64 KiB chunks
+    b = Broker(broker_options(data, retention_bytes=200_000,
+                              max_bytes_per_file=65_536)).start()
+    try:
+        b.topic_command("t", "hello")
+        b.topic_command("t", "create_channel", "slow")
+        # When 1,000 messages of 1 KB (1 MB) are published
+        _publish(b, "t", 20)
+        # Then the history keeps the newest ones, up to the limit, in whole chunks
+        stats = _topic(b, "t")
+        assert stats["oldest_retained_timestamp"] > 0
+        assert 65_536 < stats["retained_bytes"] <= 200_000
+        assert len(_history_files(data, "t")) <= 4
+        # (the chunk being written has room reserved beyond its data, at most a chunk)
+        on_disk = sum((data / "t.history" / f).stat().st_size for f in _history_files(data, "t"))
+        assert stats["retained_bytes"] <= on_disk <= stats["retained_bytes"] + 65_536
+        # and the channel, which consumed nothing, still holds every message
+        assert stats["channels"][0]["depth"] == 1000
+    finally:
+        b.stop()
+
+
+def test_retention_by_age_set_per_topic_trims_what_is_older(tmp_path):
+    data = tmp_path / "data"
+    b = Broker(broker_options(data, max_bytes_per_file=1 << 20)).start()
+    try:
+        b.topic_command("t", "hello")
+        # Given a topic keeping an hour of history (chunks of 6 minutes at most)
+        assert _config(b, "topic=t&retention_time=1h")[1]["retention_time"] == "1h"
+        _publish(b, "t", 5)
+        kept = _topic(b, "t")
+        assert kept["retained_bytes"] > 0
+        assert len(_history_files(data, "t")) == 1
+        # When the limit drops to 1 ms, nothing goes yet: the one chunk is being written
+        status, answer = _config(b, "topic=t&retention_time=1ms")
+        assert (status, answer["retention_time"], answer["defaults"]) == (
+            200, "1ms", ["backlog_alarm_depth", "retention_bytes"])
+        assert len(_history_files(data, "t")) == 1
+        # Then the next publish starts a chunk (a chunk spans a tenth of the limit at
+        # most), and the topic's timer (every second here) deletes the older one
+        _publish(b, "t", 1)
+        wait_for(lambda: len(_history_files(data, "t")) == 1
+                 and _topic(b, "t")["oldest_retained_timestamp"]
+                 > kept["oldest_retained_timestamp"], what="the older chunk deleted")
+        # and what is kept stays one or two chunks as publishing goes on
+        _publish(b, "t", 3)
+        wait_for(lambda: len(_history_files(data, "t")) <= 2, what="the older chunks gone")
+    finally:
+        b.stop()
+
+
+def test_topic_settings_survive_a_restart_and_off_deletes_the_history(tmp_path):
+    data = tmp_path / "data"
+    b = Broker(broker_options(data)).start()
+    try:
+        b.topic_command("t", "hello")
+        assert _config(b, "topic=t&retention_bytes=1000000&retention_time=7d")[0] == 200
+        _publish(b, "t", 2)
+        before = _topic(b, "t")["retained_bytes"]
+        assert before > 100_000
+    finally:
+        b.stop()
+    b = Broker(broker_options(data)).start()
+    try:
+        assert _config(b, "topic=t", "GET")[0] == 200
+        _, answer = _config(b, "topic=t", "GET")
+        assert (answer["retention_time"], answer["retention_bytes"]) == ("168h", 1_000_000)
+        assert _topic(b, "t")["retained_bytes"] == before
+        _publish(b, "t", 1)
+        assert _topic(b, "t")["retained_bytes"] > before
+        # Turning retention off deletes what was kept
+        _config(b, "topic=t&retention_bytes=0&retention_time=0")
+        wait_for(lambda: not (data / "t.history").exists(), what="the history deleted")
+        assert _topic(b, "t")["retained_bytes"] == 0
+    finally:
+        b.stop()
+
+
+def test_bad_settings_are_refused_with_nsq_style_codes(tmp_path):
+    b = Broker(broker_options(tmp_path / "data")).start()
+    try:
+        b.topic_command("t", "hello")
+        for query, code in [("retention_time=7x", "INVALID_ARG_RETENTION_TIME"),
+                            ("retention_time=-1s", "INVALID_ARG_RETENTION_TIME"),
+                            ("retention_bytes=-5", "INVALID_ARG_RETENTION_BYTES"),
+                            ("retention_bytes=1e9", "INVALID_ARG_RETENTION_BYTES")]:
+            assert _config(b, f"topic=t&{query}") == (400, {"message": code})
+        assert _config(b, "topic=nope&retention_time=1h") == (
+            404, {"message": "TOPIC_NOT_FOUND"})
+    finally:
+        b.stop()
+
+
+def test_a_durable_publish_is_answered_once_the_history_has_it(tmp_path):
+    data = tmp_path / "data"
+    b = Broker(broker_options(data, mem_queue_size=0, sync_every=1,
+                              retention_bytes=10_000_000)).start()
+    try:
+        b.publish("t", [b"one"])
+        assert _topic(b, "t")["retained_bytes"] > 0  # no wait: it is in before the answer
+        b.publish("t", [b"two"], defer_ms=1000)
+        assert _topic(b, "t")["retained_bytes"] > 0
+    finally:
+        b.stop()
+
+
+def test_deleting_a_topic_deletes_its_history(tmp_path):
+    data = tmp_path / "data"
+    b = Broker(broker_options(data, retention_bytes=10_000_000)).start()
+    try:
+        _publish(b, "t", 1)
+        wait_for((data / "t.history").is_dir, what="the history")
+        b.topic_command("t", "delete")
+        wait_for(lambda: not (data / "t.history").exists(), what="the history deleted")
+    finally:
+        b.stop()
+
+
+def test_an_ephemeral_topic_keeps_no_history(tmp_path):
+    data = tmp_path / "data"
+    b = Broker(broker_options(data, retention_bytes=10_000_000)).start()
+    try:
+        b.topic_command("e#ephemeral", "hello")
+        b.topic_command("e#ephemeral", "create_channel", "c")
+        _publish(b, "e#ephemeral", 1)
+        assert _topic(b, "e#ephemeral")["retained_bytes"] == 0
+        assert not any(n.endswith(".history") for n in os.listdir(data))
+    finally:
+        b.stop()

@@ -1,0 +1,158 @@
+"""A topic's history (storage.history): appended in chunk files, trimmed by whole chunks
+by age or size, recovered after a crash."""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import pytest
+
+from storage.chunk import HEADER_SIZE
+from storage.errors import QueueClosedError
+from storage.history import History, history_path
+from storage.syncer import Syncer
+
+pytestmark = pytest.mark.timeout(30)
+
+SECOND = 1_000_000_000
+
+
+def record(ts_ns: int, body: bytes = b"x" * 100) -> bytes:
+    """A record whose first 8 bytes are its timestamp (as an NSQ message's)."""
+    return struct.pack(">Q", ts_ns) + body
+
+
+def timestamp(r: bytes) -> int:
+    return int.from_bytes(r[:8], "big")
+
+
+def open_history(path: Path, chunk_bytes: int = 4096, **kw: object) -> History:
+    return History(str(path), chunk_bytes=chunk_bytes, max_record=1 << 20,
+                   timestamp=timestamp, syncer=Syncer(), **kw)  # type: ignore[arg-type]
+
+
+def files(path: Path) -> list[str]:
+    return sorted(p.name for p in path.iterdir())
+
+
+def test_appends_are_counted_and_rotate_into_chunks(tmp_path: Path) -> None:
+    h = open_history(tmp_path / "t.history")
+    for i in range(100):  # 100 x (108 + 16) bytes: several 4 KiB chunks
+        h.append([record(SECOND + i)])
+    stats = h.stats()
+    assert stats["retained_messages"] == 100
+    assert stats["oldest_retained_timestamp"] == SECOND
+    assert stats["chunks"] == len(files(tmp_path / "t.history")) > 2
+    assert stats["retained_bytes"] == sum(
+        (tmp_path / "t.history" / f).stat().st_size for f in files(tmp_path / "t.history")
+        if f != files(tmp_path / "t.history")[-1]) + h._chunks[-1].size
+    h.close()
+
+
+def test_trim_by_size_deletes_oldest_chunks_but_never_the_one_being_written(
+        tmp_path: Path) -> None:
+    h = open_history(tmp_path / "t.history")
+    for i in range(200):
+        h.append([record(SECOND + i)])
+    before = h.stats()
+    deleted = h.trim(now_ns=0, max_bytes=10_000)
+    after = h.stats()
+    assert deleted == before["chunks"] - after["chunks"] > 0
+    assert after["retained_bytes"] <= 10_000
+    # the newest messages stay: the oldest retained one is later than before
+    assert after["oldest_retained_timestamp"] > SECOND
+    assert after["retained_messages"] < 200
+    # with a limit below one chunk, the chunk being written stays all the same
+    h.trim(now_ns=0, max_bytes=1)
+    assert h.stats()["chunks"] == 1
+    assert len(files(tmp_path / "t.history")) == 1
+    h.close()
+
+
+def test_trim_by_age_deletes_a_chunk_once_all_of_it_is_older_than_the_limit(
+        tmp_path: Path) -> None:
+    h = open_history(tmp_path / "t.history", chunk_bytes=1 << 20, max_chunk_age_ns=10 * SECOND)
+    # three chunks: messages at 0-9 s, 10-19 s, 20-25 s (rotated by age)
+    for s in range(26):
+        h.append([record(s * SECOND)])
+    assert h.stats()["chunks"] == 3
+    # at 25 s with 10 s of retention: the first chunk (0-9 s) is all older than 15 s;
+    # the second's last message (19 s) is not
+    assert h.trim(now_ns=25 * SECOND, max_age_ns=10 * SECOND) == 1
+    assert h.stats()["oldest_retained_timestamp"] == 10 * SECOND
+    assert h.trim(now_ns=25 * SECOND, max_age_ns=10 * SECOND) == 0
+    # later, the second goes; the one being written never does
+    assert h.trim(now_ns=10**6 * SECOND, max_age_ns=10 * SECOND) == 1
+    assert h.stats() | {"deleted_chunks": 0} == {
+        "retained_bytes": h._chunks[0].size, "retained_messages": 6,
+        "oldest_retained_timestamp": 20 * SECOND, "chunks": 1, "deleted_chunks": 0}
+    h.close()
+
+
+def test_a_reopened_history_goes_on_where_it_was_and_remembers_trims(tmp_path: Path) -> None:
+    path = tmp_path / "t.history"
+    h = open_history(path)
+    for i in range(100):
+        h.append([record(SECOND + i, b"%03d" % i)])
+    h.trim(now_ns=0, max_bytes=5000)
+    kept = h.stats()
+    h.close()
+    with pytest.raises(QueueClosedError):
+        h.append([record(0)])
+    h = open_history(path)
+    assert h.stats() | {"deleted_chunks": 0} == kept | {"deleted_chunks": 0}
+    h.append([record(SECOND + 100)])
+    assert h.stats()["retained_messages"] == kept["retained_messages"] + 1
+    h.close()
+
+
+def test_a_torn_tail_is_cut_and_appending_goes_on_after_the_last_whole_frame(
+        tmp_path: Path) -> None:
+    path = tmp_path / "t.history"
+    h = open_history(path, chunk_bytes=1 << 20)
+    h.append([record(1), record(2)])
+    h.append([record(3)])
+    h.sync()
+    last = path / files(path)[-1]
+    size = h._chunks[-1].size
+    h._writer.map.close()  # (a crash: nothing more happens through it)
+    os.close(h._writer._fd)
+    # an append cut short: a frame header promising 1,000 bytes, and 10 of them
+    with open(last, "r+b") as f:
+        f.seek(size)
+        f.write(struct.pack("<II", 1000, 0) + b"y" * 10)
+    h = open_history(path, chunk_bytes=1 << 20)
+    assert h.stats()["retained_messages"] == 3
+    h.append([record(4)])
+    h.close()
+    h = open_history(path, chunk_bytes=1 << 20)
+    assert h.stats()["retained_messages"] == 4
+    assert not list(path.glob("*.bad"))
+    h.close()
+
+
+def test_a_chunk_with_a_damaged_header_is_moved_aside(tmp_path: Path) -> None:
+    path = tmp_path / "t.history"
+    h = open_history(path)
+    for i in range(100):
+        h.append([record(SECOND + i)])
+    chunks = h.stats()["chunks"]
+    h.close()
+    first = path / files(path)[0]
+    with open(first, "r+b") as f:
+        f.write(b"XXXX")
+    assert HEADER_SIZE > 4
+    h = open_history(path)
+    assert h.stats()["chunks"] == chunks - 1
+    assert (path / (first.name + ".bad")).exists()
+    h.close()
+
+
+def test_delete_removes_the_directory(tmp_path: Path) -> None:
+    path = Path(history_path(str(tmp_path), "t"))
+    h = open_history(path)
+    h.append([record(1)])
+    h.delete()
+    assert not path.exists()
