@@ -22,6 +22,7 @@ NSQ's clients cannot tag).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -32,6 +33,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
 
 from bench.startstop_bench import _ping, _port
 from transport.client import Producer
@@ -69,40 +71,60 @@ def one(case: str, topic: str, http: int, zmq: str, bodies: list[bytes]) -> floa
     return len(bodies) / took
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--messages", type=int, default=200_000)
-    ap.add_argument("--size", type=int, default=100)
-    ap.add_argument("--rounds", type=int, default=3)
-    args = ap.parse_args(argv)
-    data = tempfile.mkdtemp(prefix="tagsbench")
+@contextlib.contextmanager
+def launched_broker(*flags: str) -> Iterator[tuple[int, str]]:
+    """``python -m actors.broker`` on free loopback ports and a fresh data directory
+    (plus `flags`), until the block ends; yields its HTTP port and ZeroMQ endpoint."""
+    data = tempfile.mkdtemp(prefix="bench")
     http, zmq = _port(), f"tcp://127.0.0.1:{_port()}"
     proc = subprocess.Popen([sys.executable, "-m", "actors.broker", f"--data-path={data}/d",
                              f"--http-address=127.0.0.1:{http}",
                              f"--tcp-address=127.0.0.1:{_port()}", f"--zmq-address={zmq}",
-                             "--log-level=warn"])
+                             "--log-level=warn", *flags])
     try:
         while not _ping(http):
             time.sleep(0.01)
-        print(f"tags_bench: {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M')}, "
-              f"{args.messages} messages of {args.size} B, {args.rounds} rounds", flush=True)
-        bodies = [os.urandom(args.size // 2).hex().encode()[:args.size]
-                  for _ in range(args.messages)]
-        rates: dict[str, list[float]] = {c: [] for c in CASES}
-        for rnd in range(args.rounds):
-            for case in CASES if rnd % 2 == 0 else CASES[::-1]:
-                rate = one(case, f"tags{rnd}{case}", http, zmq, bodies)
-                rates[case].append(rate)
-                print(f"  round {rnd} {case:<9} {rate:10,.0f} msgs/s", flush=True)
-        base = statistics.median(rates["untagged"])
-        print("== medians: " + " | ".join(
-            f"{c} {statistics.median(rates[c]):,.0f} msgs/s "
-            f"({statistics.median(rates[c]) / base:.2f}x)" for c in CASES))
+        yield http, zmq
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
         shutil.rmtree(data, ignore_errors=True)
+
+
+def rounds(name: str, cases: tuple[str, ...], args: argparse.Namespace,
+           one_round: Callable[[str, str, list[bytes]], float]) -> None:
+    """Run `one_round(case, topic, bodies)` for every case, `args.rounds` times (the order
+    reversed every other round), then print the medians and their ratios to the first."""
+    print(f"{name}: {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M')}, "
+          f"{args.messages} messages of {args.size} B, {args.rounds} rounds", flush=True)
+    bodies = [os.urandom(args.size // 2).hex().encode()[:args.size]
+              for _ in range(args.messages)]
+    rates: dict[str, list[float]] = {c: [] for c in cases}
+    for rnd in range(args.rounds):
+        for case in cases if rnd % 2 == 0 else cases[::-1]:
+            rate = one_round(case, f"{name}{rnd}{case}", bodies)
+            rates[case].append(rate)
+            print(f"  round {rnd} {case:<9} {rate:10,.0f} msgs/s", flush=True)
+    base = statistics.median(rates[cases[0]])
+    print("== medians: " + " | ".join(
+        f"{c} {statistics.median(rates[c]):,.0f} msgs/s "
+        f"({statistics.median(rates[c]) / base:.2f}x)" for c in cases))
+
+
+def arguments(doc: str | None, argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--messages", type=int, default=200_000)
+    ap.add_argument("--size", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=3)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments(__doc__, argv)
+    with launched_broker() as (http, zmq):
+        rounds("tags", CASES, args,
+               lambda case, topic, bodies: one(case, topic, http, zmq, bodies))
     return 0
 
 

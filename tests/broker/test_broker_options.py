@@ -115,13 +115,14 @@ def test_to_dict_holds_every_option_as_plain_values() -> None:
         ("100ms", 0.1), ("2s", 2.0), ("1m30s", 90.0), ("15m", 900.0), ("1h", 3600.0),
         ("1.5h", 5400.0), ("1h2m3s", 3723.0), ("500us", 0.0005), ("10ns", 1e-8), ("0", 0.0),
         ("2.5", 2.5), (" 3 ", 3.0), (7, 7.0), (0.25, 0.25), ("-1s", -1.0),
+        ("7d", 604800.0), ("1d12h", 129600.0),  # (days: ours, for --retention-time)
     ],
 )  # fmt: skip
 def test_go_durations_and_plain_numbers_parse_to_seconds(text: str | float, seconds: float) -> None:
     assert parse_duration(text) == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("bad", ["", "s", "10x", "1m 30s", "ms10", "1d", True, None, "inf", [1]])
+@pytest.mark.parametrize("bad", ["", "s", "10x", "1m 30s", "ms10", "1w", True, None, "inf", [1]])
 def test_malformed_durations_are_refused(bad: object) -> None:
     with pytest.raises(ValueError, match="duration"):
         parse_duration(bad)

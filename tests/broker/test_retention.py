@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from actors.broker import Broker
+from storage.chunk import iter_messages
 from tests.broker.conftest import broker_options
 from tests.broker.test_broker_actors import wait_for
 from tests.broker.test_http_broker import call
@@ -186,3 +188,27 @@ def test_an_ephemeral_topic_keeps_no_history(tmp_path):
         assert not any(n.endswith(".history") for n in os.listdir(data))
     finally:
         b.stop()
+
+
+def test_what_a_durable_publish_acknowledged_is_in_the_history_after_a_worker_kill(tmp_path):
+    data = tmp_path / "data"
+    b = Broker(broker_options(data, mem_queue_size=0, sync_every=1,
+                              retention_bytes=100_000_000)).start()
+    try:
+        # Given 20 acknowledged durable publishes to a topic with retention
+        for i in range(20):
+            b.publish("t", [b"m%02d" % i])
+        # When its worker is killed (kill -9: nothing flushed on the way out)
+        worker = next(p for p in b.supervisor.ps() if p.name == "worker-0")
+        os.kill(worker.pid, signal.SIGKILL)
+        wait_for(lambda: next(p for p in b.supervisor.ps()
+                              if p.name == "worker-0").pid not in (None, worker.pid),
+                 what="the worker's restart")
+        # Then the history has every one, and goes on after them
+        b.publish("t", [b"after"])
+        wait_for(lambda: _topic(b, "t")["retained_bytes"] > 0, what="the history")
+    finally:
+        b.stop()
+    bodies = [m[26:] for name in _history_files(data, "t")
+              for _, m in iter_messages(str(data / "t.history" / name))]
+    assert bodies == [b"m%02d" % i for i in range(20)] + [b"after"]

@@ -4,15 +4,21 @@ by age or size, recovered after a crash."""
 from __future__ import annotations
 
 import os
+import shutil
 import struct
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from storage.chunk import HEADER_SIZE
+from storage.chunk import HEADER_SIZE, iter_messages
 from storage.errors import QueueClosedError
 from storage.history import History, history_path
 from storage.syncer import Syncer
+from tests.storage.conftest import ManualSyncer
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -156,3 +162,74 @@ def test_delete_removes_the_directory(tmp_path: Path) -> None:
     h.append([record(1)])
     h.delete()
     assert not path.exists()
+
+
+# ---------------------------------------------------------------------------
+# Against a model: whatever is appended and trimmed, the history is a suffix of what
+# was appended, keeps all that its policy keeps, and deletes what it may not keep.
+
+
+class HistoryModel(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = Path(tempfile.mkdtemp(prefix="histprop")) / "t.history"
+        self.appended: list[bytes] = []
+        self.now = SECOND
+        self.sized = False  # a size limit was applied: it may delete young messages
+        self.h = self._open()
+
+    def _open(self) -> History:
+        return History(str(self.dir), chunk_bytes=1024, max_record=1 << 20,
+                       timestamp=timestamp, syncer=ManualSyncer(), max_chunk_age_ns=5 * SECOND)
+
+    def kept(self) -> list[bytes]:
+        out: list[bytes] = []
+        for name in files(self.dir):
+            out.extend(m for _, m in iter_messages(str(self.dir / name)))
+        return out
+
+    @rule(n=st.integers(1, 20), size=st.integers(0, 200), step=st.integers(0, 3 * SECOND))
+    def append(self, n: int, size: int, step: int) -> None:
+        self.now += step
+        batch = [record(self.now, bytes([i % 256]) * size) for i in range(n)]
+        self.h.append(batch)
+        self.appended.extend(batch)
+
+    @rule(age=st.sampled_from([0, SECOND, 5 * SECOND, 30 * SECOND]),
+          size=st.sampled_from([0, 500, 3000, 10_000]))
+    def trim(self, age: int, size: int) -> None:
+        self.h.trim(now_ns=self.now, max_age_ns=age, max_bytes=size)
+        stats = self.h.stats()
+        chunks = self.h._chunks
+        if len(chunks) > 1:  # what the policy keeps: the oldest chunk is still needed
+            assert not size or stats["retained_bytes"] <= size
+            assert not age or self.h._first_ns(chunks[1]) >= self.now - age
+        self.sized = self.sized or bool(size)
+        if age and not self.sized:  # nothing younger than the age limit went
+            young = [r for r in self.appended if timestamp(r) >= self.now - age]
+            assert not young or self.kept()[-len(young):] == young
+
+    @rule()
+    def reopen(self) -> None:
+        before = self.h.stats()
+        self.h.close()
+        self.h = self._open()
+        assert self.h.stats() | {"deleted_chunks": 0} == before | {"deleted_chunks": 0}
+
+    @invariant()
+    def a_suffix_of_what_was_appended(self) -> None:
+        kept = self.kept()
+        assert kept == self.appended[len(self.appended) - len(kept):]
+        stats = self.h.stats()
+        assert stats["retained_messages"] == len(kept)
+        assert stats["oldest_retained_timestamp"] == (timestamp(kept[0]) if kept else 0)
+
+    def teardown(self) -> None:
+        self.h.close()
+        shutil.rmtree(self.dir.parent, ignore_errors=True)
+
+
+HistoryModel.TestCase.settings = settings(max_examples=40, stateful_step_count=30,
+                                          deadline=None, derandomize=True,
+                                          suppress_health_check=[HealthCheck.too_slow])
+test_history_against_a_model = HistoryModel.TestCase
