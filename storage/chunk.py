@@ -389,20 +389,22 @@ class ChunkWriter:
             os.fdatasync(self._fd)
             self._synced_to = self.end
 
-    def seal(self) -> None:
-        """Record the count in the header, trim the file to its data, fsync, and close."""
+    def seal(self, *, fsync: bool = True) -> None:
+        """Record the count in the header, trim the file to its data, fsync (unless
+        `fsync` is False: the caller syncs the file later), and close."""
         header = ChunkHeader.unpack(self.map[:HEADER_SIZE])
         created = header.created_ns if header else time.time_ns()
         self.map[:HEADER_SIZE] = ChunkHeader(self.number, created, True, self.count).pack()
-        self.close(truncate=True)  # truncates, then fsyncs data, header and size
+        self.close(truncate=True, fsync=fsync)  # truncates, then fsyncs data, header, size
 
-    def close(self, *, truncate: bool = False) -> None:
+    def close(self, *, truncate: bool = False, fsync: bool = True) -> None:
         if self._fd < 0:
             return
         self.map.close()
         if truncate:
             os.ftruncate(self._fd, self.end)
-            os.fsync(self._fd)
+            if fsync:
+                os.fsync(self._fd)
         os.close(self._fd)
         self._fd = -1
 

@@ -98,6 +98,7 @@ class History:
         self._writer: ChunkWriter | None = None
         self._sync_scheduled = False
         self._dir_dirty = False
+        self._sealed: list[str] = []  # chunks sealed since the last sync, not yet fsynced
         self._closed = False
         self.failed = ""
         self.deleted_chunks = 0
@@ -180,7 +181,9 @@ class History:
         nxt = ChunkWriter(self._file(number), number, self.chunk_bytes, create=True)
         self._dir_dirty = True
         if w is not None:
-            w.seal()
+            # (its fsync waits for the next sync, off the appending thread when not durable)
+            w.seal(fsync=False)
+            self._sealed.append(w.path)
             self._chunks[-1].size = w.end
         self._writer = nxt
         self._chunks.append(_Chunk(number, nxt.end, 0))
@@ -204,6 +207,9 @@ class History:
         if self.failed:
             raise DiskFailedError(self.failed)
         try:
+            for path in self._sealed:
+                _fsync_file(path)
+            self._sealed = []
             if self._writer is not None:
                 self._writer.flush()
             if self._dir_dirty:
@@ -309,6 +315,17 @@ class History:
         shutil.rmtree(self.path, ignore_errors=True)
         with contextlib.suppress(OSError):
             fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+
+
+def _fsync_file(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:  # (trimmed since it was sealed)
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _header(path: str) -> ChunkHeader | None:
