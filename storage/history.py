@@ -29,6 +29,14 @@ walked frame by frame and cut after its last valid frame (a torn tail after
 ``kill -9``, or damage, whose bytes are copied to ``<chunk>.bad``).  A chunk
 whose header is damaged is renamed ``.bad`` and skipped.
 
+Reading (for replay): :meth:`History.seek` finds the position of the first
+record published at or after a time (or of a message id: ``id_of`` gives a
+record's), and :meth:`History.read` reads records from a position, in order,
+from the chunk files (positions as a queue's: chunk, frame offset, index).
+``complete_from`` (kept in ``history.json``) is the time from which the
+history is whole: the time it began (0 when it began with its topic), moved
+past each deleted chunk's messages.
+
 Each chunk's first message timestamp is read from its first record when first
 needed (``timestamp`` turns a record into its publish time in ns; the broker's
 records are NSQ messages, possibly tagged) and remembered.  Durability is
@@ -48,19 +56,24 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from storage.chunk import (
+    BATCH_FLAG,
     HEADER_SIZE,
+    LENGTH_MASK,
+    RECORD_HEAD,
     RECORD_OVERHEAD,
     ChunkHeader,
     ChunkWriter,
     CorruptRecordError,
     batch_body,
+    make_position,
     read_record,
     scan,
     split_batch,
+    split_position,
 )
 from storage.diskqueue import MAX_FRAME_BODY, _split_frames
 from storage.errors import DiskFailedError, QueueClosedError
-from storage.meta import fsync_dir
+from storage.meta import fsync_dir, read_json, write_json
 from storage.syncer import SYNCER, Syncer
 
 __all__ = ["History"]
@@ -69,6 +82,10 @@ log = logging.getLogger(__name__)
 
 SUFFIX = ".history"
 """The history of topic T is the directory ``T.history`` in the data directory."""
+
+META = "history.json"
+READ_BYTES = 1 << 20
+"""What one read takes from a chunk file at a time (more for a frame that is larger)."""
 
 
 @dataclass
@@ -85,7 +102,8 @@ class History:
 
     def __init__(self, path: str, *, chunk_bytes: int, max_record: int,
                  timestamp: Callable[[bytes], int], sync_timeout: float = 2.0,
-                 max_chunk_age_ns: int = 0, syncer: Syncer = SYNCER) -> None:
+                 max_chunk_age_ns: int = 0, syncer: Syncer = SYNCER,
+                 created_ns: int = 0) -> None:
         self.path = path
         self.chunk_bytes = chunk_bytes
         self.max_record = max_record
@@ -106,7 +124,15 @@ class History:
         os.makedirs(path, exist_ok=True)
         if created:
             fsync_dir(os.path.dirname(os.path.abspath(path)))
+            write_json(os.path.join(path, META), {"complete_from": created_ns})
+        meta = read_json(os.path.join(path, META)) or {}
+        complete = meta.get("complete_from")
+        # (a history without its record is whole from its oldest message only)
+        self.complete_from: int | None = complete if type(complete) is int else None
         self._recover()
+        if self.complete_from is None:
+            oldest = next((c for c in self._chunks if c.count), None)
+            self.complete_from = (self._first_ns(oldest) or 0) if oldest is not None else 0
 
     # ------------------------------------------------------------------ open
 
@@ -247,6 +273,12 @@ class History:
             if deleted:
                 self.deleted_chunks += deleted
                 self._dir_dirty = True
+                # whole from after the newest message deleted (at most the next's first)
+                first = self._first_ns(chunks[0])
+                if first is not None and first + 1 > (self.complete_from or 0):
+                    self.complete_from = first + 1
+                    write_json(os.path.join(self.path, META),
+                               {"complete_from": self.complete_from})
         return deleted
 
     def _bytes(self) -> int:
@@ -273,6 +305,121 @@ class History:
         except (OSError, CorruptRecordError):
             return None
         return split_batch(body)[0] if field & 0x80000000 else body
+
+    # ------------------------------------------------------------------ read
+
+    def end(self) -> int:
+        """The position after the newest record (where the next append goes)."""
+        with self._lock:
+            return self._end_locked()
+
+    def oldest(self) -> int:
+        """The position of the oldest record kept (`end()` when there is none)."""
+        with self._lock:
+            if not self._chunks:
+                return make_position(1, HEADER_SIZE)
+            return make_position(self._chunks[0].number, HEADER_SIZE)
+
+    def read(self, position: int, limit: int, end: int | None = None,
+             ) -> tuple[list[tuple[int, bytes]], int]:
+        """Up to `limit` `(position, record)` pairs from `position` on, in order, before
+        `end` (default: the newest); and the position to read from next.  A position
+        in a chunk that was deleted reads from the oldest kept."""
+        out: list[tuple[int, bytes]] = []
+        with self._lock:
+            newest = self._end_locked()
+            stop = newest if end is None else min(end, newest)
+            numbers = [c.number for c in self._chunks]
+            by_number = {c.number: c for c in self._chunks}
+            number, offset, index = split_position(position)
+            while len(out) < limit and make_position(number, offset, index) < stop:
+                chunk = by_number.get(number)
+                if chunk is None or offset >= chunk.size:  # deleted, or read to its end
+                    later = [n for n in numbers if n > number]
+                    if not later:
+                        break
+                    number, offset, index = later[0], HEADER_SIZE, 0
+                    continue
+                offset, index = self._read_chunk(chunk, offset, index, limit=limit,
+                                                 stop=stop, out=out)
+        return out, make_position(number, offset, index)
+
+    def _end_locked(self) -> int:
+        if not self._chunks:
+            return make_position(1, HEADER_SIZE)
+        last = self._chunks[-1]
+        return make_position(last.number, last.size)
+
+    def _read_chunk(self, chunk: _Chunk, offset: int, index: int, *, limit: int, stop: int,
+                    out: list[tuple[int, bytes]]) -> tuple[int, int]:
+        """Read whole frames of `chunk` from `offset` (from record `index` of the first)
+        into `out`; returns where the next read starts, `(offset, index)`."""
+        with open(self._file(chunk.number), "rb") as f:
+            f.seek(offset)
+            data = f.read(min(READ_BYTES, chunk.size - offset))
+            if len(data) >= RECORD_HEAD.size:
+                need = (RECORD_HEAD.unpack_from(data, 0)[0] & LENGTH_MASK) + RECORD_OVERHEAD
+                if need > len(data):  # a frame larger than one read: read all of it
+                    f.seek(offset)
+                    data = f.read(need)
+        at = 0
+        base = chunk.number << 48
+        while len(out) < limit and at < len(data):
+            try:
+                field, body, nxt = read_record(data, at, len(data))
+            except CorruptRecordError:
+                if at == 0:  # damage: the rest of this chunk cannot be read
+                    log.error("history %s: chunk %d is damaged at %d; skipping its rest",
+                              self.path, chunk.number, offset)
+                    return chunk.size, 0
+                break  # (a frame cut by the end of this read: the next read takes it)
+            records = split_batch(body) if field & BATCH_FLAG else [body]
+            frame_at = offset + at
+            for i in range(index, len(records)):
+                position = base | frame_at << 16 | i
+                if position >= stop or len(out) >= limit:
+                    return frame_at, i
+                out.append((position, records[i]))
+            at, index = nxt, 0
+        return offset + at, index
+
+    def seek(self, timestamp_ns: int) -> int:
+        """The position of the first record published at or after `timestamp_ns` (in
+        history order), or `end()` if there is none."""
+        with self._lock:
+            chunks = list(self._chunks)
+        start = 0
+        for i in range(len(chunks) - 1, -1, -1):  # the last chunk that began before it
+            first = self._first_ns(chunks[i])
+            if first is not None and first < timestamp_ns:
+                start = i
+                break
+        position = make_position(chunks[start].number, HEADER_SIZE) if chunks else self.end()
+        while True:
+            items, nxt = self.read(position, 4096)
+            for pos, record in items:
+                if self._timestamp(record) >= timestamp_ns:
+                    return pos
+            if not items:
+                return self.end()
+            position = nxt
+
+    def find_id(self, message_id: bytes, id_of: Callable[[bytes], bytes],
+                near_ns: int) -> int | None:
+        """The position of the record whose id is `message_id`, looked for from the
+        first record published at `near_ns` or just before (the time in the id); None
+        if it is not kept."""
+        position = self.seek(near_ns - 1_000_000_000)  # (a second of slack for clocks)
+        while True:
+            items, nxt = self.read(position, 4096)
+            if not items:
+                return None
+            for pos, record in items:
+                if id_of(record) == message_id:
+                    return pos
+                if self._timestamp(record) > near_ns + 1_000_000_000:
+                    return None
+            position = nxt
 
     # ------------------------------------------------------------------ look
 

@@ -28,7 +28,7 @@ def _topic(b: Broker, topic: str) -> dict[str, Any]:
 
 def _history_files(data: Path, topic: str) -> list[str]:
     path = data / f"{topic}.history"
-    return sorted(os.listdir(path)) if path.is_dir() else []
+    return sorted(n for n in os.listdir(path) if n.endswith(".dat")) if path.is_dir() else []
 
 
 def _publish(b: Broker, topic: str, batches: int, per_batch: int = 50) -> None:

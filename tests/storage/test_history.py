@@ -40,7 +40,8 @@ def open_history(path: Path, chunk_bytes: int = 4096, **kw: object) -> History:
 
 
 def files(path: Path) -> list[str]:
-    return sorted(p.name for p in path.iterdir())
+    """The chunk files."""
+    return sorted(p.name for p in path.iterdir() if p.suffix == ".dat")
 
 
 def test_appends_are_counted_and_rotate_into_chunks(tmp_path: Path) -> None:
@@ -162,6 +163,67 @@ def test_delete_removes_the_directory(tmp_path: Path) -> None:
     h.append([record(1)])
     h.delete()
     assert not path.exists()
+
+
+def test_read_gives_records_in_order_from_any_position_across_chunks(tmp_path: Path) -> None:
+    h = open_history(tmp_path / "t.history", chunk_bytes=2048)
+    records = [record(SECOND + i, b"%03d" % i) for i in range(300)]
+    for i in range(0, 300, 7):
+        h.append(records[i:i + 7])
+    assert h.stats()["chunks"] > 2
+    got, position = [], h.oldest()
+    while True:
+        items, position = h.read(position, 50)
+        if not items:
+            break
+        got.extend(items)
+    assert [r for _, r in got] == records
+    assert [p for p, _ in got] == sorted(p for p, _ in got)
+    assert position == h.end()
+    # from the middle of a batch frame, and up to an end position
+    middle = got[100][0]
+    items, _ = h.read(middle, 1000, end=got[200][0])
+    assert [r for _, r in items] == records[100:200]
+    h.close()
+
+
+def test_seek_finds_the_first_record_at_or_after_a_time_and_find_id_a_message(
+        tmp_path: Path) -> None:
+    h = open_history(tmp_path / "t.history", chunk_bytes=2048)
+    # ids: the record's last 3 bytes; times: one batch of 5 per second
+    for s in range(40):
+        h.append([record(s * SECOND, b"%03d" % (s * 5 + i)) for i in range(5)])
+
+    def at(position: int) -> bytes:
+        return h.read(position, 1)[0][0][1]
+
+    assert at(h.seek(0)) == record(0, b"000")
+    assert at(h.seek(17 * SECOND)) == record(17 * SECOND, b"085")
+    assert at(h.seek(17 * SECOND + 1)) == record(18 * SECOND, b"090")
+    assert h.seek(41 * SECOND) == h.end()
+
+    def id_of(r: bytes) -> bytes:
+        return r[-3:]
+
+    found = h.find_id(b"123", id_of, 24 * SECOND)
+    assert found is not None
+    assert at(found) == record(24 * SECOND, b"123")
+    assert h.find_id(b"999", id_of, 24 * SECOND) is None
+    h.close()
+
+
+def test_complete_from_says_since_when_the_history_is_whole(tmp_path: Path) -> None:
+    path = tmp_path / "t.history"
+    h = open_history(path, created_ns=5 * SECOND)
+    assert h.complete_from == 5 * SECOND
+    for i in range(100):
+        h.append([record(10 * SECOND + i)])
+    h.trim(now_ns=0, max_bytes=5000)
+    oldest = h.stats()["oldest_retained_timestamp"]
+    assert h.complete_from == oldest + 1 > 10 * SECOND
+    h.close()
+    assert open_history(path).complete_from == oldest + 1  # (kept in history.json)
+    assert open_history(tmp_path / "new.history").complete_from == 0
 
 
 # ---------------------------------------------------------------------------
