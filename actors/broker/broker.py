@@ -39,7 +39,7 @@ from actors.broker.diskqueue import DiskQueueActor
 from actors.broker.errors import BrokerError, from_wire
 from actors.broker.gateway import HandoffListener, ListenerInfo, listener
 from actors.broker.lookup import LookupActor, lookup_names
-from actors.broker.messages import ChannelTags, Publish, TopicCommand, TopicStats
+from actors.broker.messages import ChannelRewind, ChannelTags, Publish, TopicCommand, TopicStats
 from actors.broker.nodes import NODE_MODULES
 from actors.broker.options import BrokerOptions, parse_options, run_dir_for
 from actors.broker.scanner import ScannerActor
@@ -180,6 +180,16 @@ class Broker:
     def topic_command(self, topic: str, command: str, arg: str = "",
                       timeout: float = 10.0) -> None:
         _raise(self.supervisor.ask(f"topic:{topic}", TopicCommand(command, arg), timeout))
+
+    def channel_rewind(self, topic: str, channel: str, since_ns: int = 0,
+                       message_id: str = "", timeout: float = 60.0) -> int:
+        """Queue again on `channel` every retained message published at or after
+        `since_ns` (or from `message_id` on); returns how many (#21)."""
+        reply = self.supervisor.ask(f"topic:{topic}",
+                                    ChannelRewind(channel, since_ns, message_id), timeout)
+        if isinstance(reply, tuple):
+            _raise(reply)
+        return int(reply["messages"])
 
     def topic_stats(self, topic: str, include_clients: bool = True,
                     timeout: float = 10.0) -> dict[str, Any]:

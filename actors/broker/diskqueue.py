@@ -47,7 +47,13 @@ from typing import Any
 
 from actors.broker import health
 from actors.broker.messages import Stored
-from actors.broker.nsq_message import MAX_TAG_LENGTH, is_ephemeral, record_timestamp
+from actors.broker.nsq_message import (
+    MAX_TAG_LENGTH,
+    guid_time_ns,
+    is_ephemeral,
+    record_id,
+    record_timestamp,
+)
 from actors.broker.options import BrokerOptions
 from actors.runtime.actor import Actor, no_spawn
 from storage import DelayedStore, DiskFailedError, DiskQueue, NullQueue, StorageError
@@ -202,6 +208,9 @@ class DqRetain:
     max_bytes: int
     confirms: tuple[tuple[str, int], ...] = ()
     """As for `DqPut`."""
+    created_ns: int = 0
+    """If this creates the history: the time from which it is whole (0: the topic's
+    birth, it had retention from the start)."""
 
 
 @message
@@ -219,6 +228,42 @@ class DqTrim:
 @dataclass(frozen=True)
 class DqHistoryStats:
     """Ask: the history's ``retained_bytes`` and ``oldest_retained_timestamp`` (ns)."""
+
+
+@message
+@dataclass(frozen=True)
+class DqHistoryFind:
+    """Ask: where a rewind starts -- at the first record published at or after
+    `since_ns`, or (`message_id`, 16 hex bytes) at that message.  Reply: ``(start,
+    end, complete_from)``: positions, and the time from which the history is whole;
+    None when there is no history or the message is not in it."""
+
+    since_ns: int
+    message_id: bytes = b""
+
+
+@message
+@dataclass(frozen=True)
+class DqHistoryRead:
+    """Read up to `limit` history records from `position`, before `end`; the answer, a
+    `DqHistoryBatch` for `channel`, is told to `reply_to`."""
+
+    position: int
+    end: int
+    limit: int
+    reply_to: str
+    channel: str
+
+
+@no_spawn
+@message
+@dataclass(frozen=True)
+class DqHistoryBatch:
+    """History records for a channel's rewind, and the position after them."""
+
+    channel: str
+    records: list[bytes]
+    next: int
 
 
 def queue_name(owner: str) -> str:
@@ -446,10 +491,13 @@ class DiskQueueActor(Actor):
         path = history_path(self.options.data_path, queue_name(self.owner))
         if self.history is None:
             if type(msg) is not DqRetain and not os.path.isdir(path):
+                if type(msg) is DqHistoryRead:  # (deleted meanwhile: the rewind ends)
+                    self.tell(msg.reply_to, DqHistoryBatch(msg.channel, [], msg.end))
                 return {"retained_bytes": 0, "oldest_retained_timestamp": 0} \
                     if type(msg) is DqHistoryStats else None
             self._arm_idle_timer()
-            self.history = _open_history(path, self.options)
+            self.history = _open_history(path, self.options,
+                                         msg.created_ns if type(msg) is DqRetain else 0)
         history = self.history
         match msg:
             case DqRetain(records=records, confirms=confirms):
@@ -466,6 +514,19 @@ class DiskQueueActor(Actor):
                     self.history = None
             case DqHistoryStats():
                 return history.stats()
+            case DqHistoryFind(since_ns=since_ns, message_id=message_id):
+                if message_id:
+                    start = history.find_id(message_id, record_id, guid_time_ns(message_id))
+                    if start is None:
+                        return None
+                else:
+                    start = history.seek(since_ns)
+                return start, history.end(), history.complete_from or 0
+            case DqHistoryRead(position=position, end=end, limit=limit, reply_to=reply_to,
+                               channel=channel):
+                items, nxt = history.read(position, limit, end)
+                self.tell(reply_to, DqHistoryBatch(channel, [r for _, r in items],
+                                                   nxt if items else end))
         return None
 
     def _arm_idle_timer(self) -> None:
@@ -564,11 +625,13 @@ class DiskQueueActor(Actor):
             self.tell(actor, Stored(token, error))
 
 
-_HISTORY = (DqRetain, DqTrim, DqHistoryStats)
+_HISTORY = (DqRetain, DqTrim, DqHistoryStats, DqHistoryFind, DqHistoryRead)
 
 
-def _open_history(path: str, options: BrokerOptions) -> History:
-    """A topic's history, in chunks of ``--max-bytes-per-file``."""
+def _open_history(path: str, options: BrokerOptions, created_ns: int) -> History:
+    """A topic's history, in chunks of ``--max-bytes-per-file`` (`created_ns`: from when
+    it is whole, if it is created now)."""
     return History(path, chunk_bytes=options.max_bytes_per_file,
                    max_record=options.max_msg_size + RECORD_OVERHEAD,
-                   timestamp=record_timestamp, sync_timeout=options.sync_timeout)
+                   timestamp=record_timestamp, sync_timeout=options.sync_timeout,
+                   created_ns=created_ns)

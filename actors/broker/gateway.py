@@ -42,6 +42,7 @@ from actors.broker.client import (
 )
 from actors.broker.messages import (
     Alive,
+    ChannelRewind,
     ChannelTags,
     Publish,
     TopicCommand,
@@ -62,6 +63,10 @@ from transport.protocol import commands as pc
 from transport.protocol.identify import ServerInfo
 from transport.protocol.validation import DISK_FAILED, Limits, ProtocolError
 from transport.zmq import codec as zmq_codec
+
+REWIND_TIMEOUT = 60.0
+"""How long an HTTP rewind waits for its messages to be queued (the rewind goes on
+past it: it is kept in the topic's metadata)."""
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +129,16 @@ class GatewayFacade:
         if isinstance(reply, tuple):
             _raise(reply)
         return {**reply, "tags": list(reply["tags"])}
+
+    def channel_rewind(self, topic: str, channel: str, since_ns: int = 0,
+                       message_id: str = "") -> dict[str, Any]:
+        # (a long rewind may outlast an answer: it goes on, kept in the topic's metadata)
+        reply = current_endpoint().ask(f"topic:{topic}",
+                                       ChannelRewind(channel, since_ns, message_id),
+                                       REWIND_TIMEOUT)
+        if isinstance(reply, tuple):
+            _raise(reply)
+        return dict(reply)
 
     def topic_config(self, topic: str, values: dict[str, Any] | None) -> dict[str, Any]:
         reply = self._ask(f"topic:{topic}", TopicConfig(values))

@@ -248,6 +248,20 @@ class TopicConfig:
 
 @message
 @dataclass(frozen=True)
+class ChannelRewind:
+    """Ask: queue again on `channel` every retained message published at or after
+    `since_ns` -- or, with `message_id` (16 hex characters), that message and the
+    ones after it -- in publish order (#21).  Reply, once they are all queued:
+    ``{"messages": N}``, or a `BrokerError.to_wire()` tuple (``E_TOPIC_NOT_FOUND``,
+    ``E_CHANNEL_NOT_FOUND``, ``E_NOT_RETAINED``, ``E_REWIND_IN_PROGRESS``)."""
+
+    channel: str
+    since_ns: int = 0
+    message_id: str = ""
+
+
+@message
+@dataclass(frozen=True)
 class ChannelTags:
     """Ask the topic: set channel `channel`'s tag filter (`tags`: the tags it takes;
     empty: every message, as without a filter), creating the channel first if

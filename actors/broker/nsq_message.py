@@ -323,6 +323,17 @@ def untag_record(record: bytes) -> tuple[bytes, str]:
     return record[2 + n:], record[2:2 + n].decode("ascii")
 
 
+def record_id(record: bytes) -> bytes:
+    """The message id (16 hex bytes) of a record a topic keeps, tagged or not."""
+    start = 2 + record[1] if record[0] == _TAG_MARK else 0
+    return record[start + 10:start + 26]
+
+
+def guid_time_ns(message_id: bytes) -> int:
+    """The time (ns, to the millisecond) in a message id this broker made."""
+    return (int(message_id, 16) >> _TIMESTAMP_SHIFT) * 1_000_000
+
+
 def record_timestamp(record: bytes) -> int:
     """The publish time (ns) of a record a topic keeps, tagged or not."""
     start = 2 + record[1] if record[0] == _TAG_MARK else 0

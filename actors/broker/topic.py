@@ -59,6 +59,9 @@ from actors.broker.diskqueue import (
     DqDefer,
     DqDelete,
     DqEmpty,
+    DqHistoryBatch,
+    DqHistoryFind,
+    DqHistoryRead,
     DqHistoryStats,
     DqMessages,
     DqOpen,
@@ -91,6 +94,7 @@ from actors.broker.messages import (
     ChannelGone,
     ChannelPut,
     ChannelPutDeferred,
+    ChannelRewind,
     ChannelStats,
     ChannelTags,
     ChannelUp,
@@ -157,6 +161,18 @@ class _Waiting:
     publishers: list[_Publisher] = field(default_factory=list)
     drained: list[int] | None = None  # positions to ack on the topic's own queue
     error: tuple[str, str, bool] | None = None
+    rewound: tuple[str, int] | None = None  # a rewind's batch: (channel, messages)
+
+
+@dataclass
+class _Rewind:
+    """A channel's rewind in progress: history positions `next` up to `end`, `queued`
+    messages so far, and its asker's reply handle (None after a restart)."""
+
+    next: int
+    end: int
+    queued: int = 0
+    waiter: Any = None
 
 
 def _delayed_entries(items: list[tuple[bytes, int]]) -> list[tuple[int, bytes, bytes]]:
@@ -260,6 +276,8 @@ class TopicActor(Actor):
         self.message_bytes = 0
         self.dropped = 0
         self.exists = False
+        self.rewinds: dict[str, _Rewind] = {}  # channel -> its rewind in progress
+        self.history_since = 0  # from when its history is whole (0: the topic's birth)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -281,6 +299,11 @@ class TopicActor(Actor):
             self.filters.update(
                 (c, f) for c, tags in (meta.get("ephemeral_tags") or {}).items()
                 if is_ephemeral(c) and is_valid_channel_name(c) and (f := _read_filter(c, tags)))
+            self.history_since = int(meta.get("history_since") or 0)
+            # rewinds a crash or a stop interrupted: they go on from where they were
+            self.rewinds = {c: _Rewind(*r) for c, r in (meta.get("rewinds") or {}).items()
+                            if c in self.channels and isinstance(r, list) and len(r) == 3
+                            and all(type(v) is int for v in r)}
         if self.exists and not self.ephemeral:  # (a topic not created yet has no queue)
             depth, deferred = self.ask(self.dq, DqOpen(), timeout=30)
             self.disk_depth = depth
@@ -293,7 +316,15 @@ class TopicActor(Actor):
             if paused:
                 self._channel(channel, "pause")
         if self.exists:
+            age, size = self._retention()
+            if (age or size) and meta is not None and not self.history_since \
+                    and not os.path.isdir(self.history_path):
+                # retention newly turned on for a topic that published without it
+                self.history_since = self.clock()
+                self._write_meta()
             self._arm_retention()
+        for channel in self.rewinds:
+            self._rewind_next(channel)
         self._drain()
 
     def on_stop(self) -> None:
@@ -343,6 +374,12 @@ class TopicActor(Actor):
                          for c, p in sorted(self.channels.items()) if not is_ephemeral(c)}}
         if self.config:
             meta["config"] = self.config
+        if self.history_since:
+            meta["history_since"] = self.history_since
+        rewinds = {c: [r.next, r.end, r.queued] for c, r in sorted(self.rewinds.items())
+                   if not is_ephemeral(c)}
+        if rewinds:
+            meta["rewinds"] = rewinds
         ephemeral = {c: sorted(f) for c, f in sorted(self.filters.items()) if is_ephemeral(c)}
         if ephemeral:
             meta["ephemeral_tags"] = ephemeral
@@ -417,6 +454,13 @@ class TopicActor(Actor):
                 self._drain()
             case ChannelGone(channel=channel):
                 self._delete_channel(channel)
+            case ChannelRewind(channel=channel, since_ns=since_ns, message_id=message_id):
+                try:
+                    return self._rewind(channel, since_ns, message_id)
+                except BrokerError as e:
+                    return e.to_wire()
+            case DqHistoryBatch(channel=channel, records=records, next=nxt):
+                self._rewind_batch(channel, records, nxt)
             case TopicCommand(command=command, arg=arg):
                 return self._guard(lambda: self._command(command, arg))
             case ChannelTags(channel=channel, tags=tags, create=create):
@@ -601,7 +645,7 @@ class TopicActor(Actor):
         if not (age or size):
             return 0
         self.tell(self.dq, DqRetain(records, self.clock(), age, size,
-                                    (confirm,) if confirm else ()))
+                                    (confirm,) if confirm else (), self.history_since))
         return 1 if confirm else 0
 
     def _arm_retention(self, *, changed: bool = False) -> None:
@@ -704,7 +748,9 @@ class TopicActor(Actor):
         if w.outstanding > 0:
             return
         del self.waiting[token]
-        if w.drained is not None:
+        if w.rewound is not None:
+            self._rewind_stored(*w.rewound, w.error)
+        elif w.drained is not None:
             if w.error is None:
                 self.tell(self.dq, DqAck(w.drained))
         else:
@@ -753,6 +799,80 @@ class TopicActor(Actor):
             self.put_since_read += len(items)
             self.tell(self.dq, DqAck([p for p, _ in items]))
             self.tell(self.dq, DqPut([m for _, m in items]))
+
+    # ------------------------------------------------------------------- replay
+
+    def _rewind(self, channel: str, since_ns: int, message_id: str) -> Any:
+        """ChannelRewind: find where it starts in the history, keep it in the metadata
+        (so that a crash does not stop it halfway), then feed the channel in batches;
+        answered when every batch is queued."""
+        if not self.exists:
+            raise BrokerError(f"topic {self.topic} not found", code="E_TOPIC_NOT_FOUND")
+        if channel not in self.channels:
+            raise BrokerError(f"channel {channel} not found", code="E_CHANNEL_NOT_FOUND")
+        if channel in self.rewinds:
+            raise BrokerError(f"channel {channel} is being rewound already",
+                              code="E_REWIND_IN_PROGRESS")
+        found = None if self.ephemeral else self.ask(
+            self.dq, DqHistoryFind(since_ns, message_id.encode()), timeout=30)
+        if found is None:
+            what = f"message {message_id}" if message_id else "no history"
+            raise BrokerError(f"{what}: not retained", code="E_NOT_RETAINED")
+        start, end, complete_from = found
+        if not message_id and since_ns < complete_from:
+            raise BrokerError(f"the history is whole only from {complete_from} ns",
+                              code="E_NOT_RETAINED")
+        if start >= end:
+            return {"messages": 0}
+        self.rewinds[channel] = _Rewind(start, end, 0, self.defer_reply())
+        self._write_meta()  # (answered or not, it now happens: a restart goes on with it)
+        self._rewind_next(channel)
+        return None
+
+    def _rewind_next(self, channel: str) -> None:
+        r = self.rewinds[channel]
+        if r.next < r.end:
+            self.tell(self.dq, DqHistoryRead(r.next, r.end, READ_BATCH, self.name, channel))
+            return
+        del self.rewinds[channel]
+        self._write_meta()
+        if r.waiter is not None:
+            r.waiter.set({"messages": r.queued})
+
+    def _rewind_batch(self, channel: str, records: list[bytes], nxt: int) -> None:
+        """Records of a rewind, read from the history: to the channel (those its filter
+        takes, untagged, each with a new id: the originals may still be queued or in
+        flight there), confirmed before the rewind moves on."""
+        r = self.rewinds.get(channel)
+        if r is None:  # (deleted meanwhile)
+            return
+        r.next = nxt if records else r.end
+        wanted = self.filters.get(channel)
+        kept = [(m, t) for m, t in map(untag_record, records) if wanted is None or t in wanted]
+        if not kept:
+            self._rewind_next(channel)
+            return
+        ids = self.guids.new_guids(self.clock() // 1_000_000, len(kept))
+        messages = [m[:10] + i + m[26:] for (m, _), i in zip(kept, ids, strict=True)]
+        token = next(self._tokens)
+        self.waiting[token] = _Waiting(1, rewound=(channel, len(messages)))
+        self.tell(self._channel_name(channel), ChannelPut(messages, (self.name, token)))
+
+    def _rewind_stored(self, channel: str, count: int,
+                       error: tuple[str, str, bool] | None) -> None:
+        r = self.rewinds.get(channel)
+        if r is None:
+            return
+        if error is not None:  # (the channel's disk refused them): the rewind stops
+            del self.rewinds[channel]
+            self._write_meta()
+            log.warning("%s: rewind of %s stopped: %s", self.name, channel, error[1])
+            if r.waiter is not None:
+                r.waiter.set(tuple(error))
+            return
+        r.queued += count
+        self._write_meta()  # its progress, so that a restart does not queue these again
+        self._rewind_next(channel)
 
     # ----------------------------------------------------------------- commands
 
@@ -823,6 +943,7 @@ class TopicActor(Actor):
         if not self.exists:
             raise BrokerError(f"topic {self.topic} not found", code="E_TOPIC_NOT_FOUND")
         if values:
+            was_on = any(self._retention())
             config = dict(self.config)
             for key, value in values.items():
                 if value is None:
@@ -830,6 +951,8 @@ class TopicActor(Actor):
                 else:
                     config[key] = value
             self.config = _checked_config(config, strict=True)
+            if any(self._retention()) and not was_on:  # its history begins now
+                self.history_since = self.clock()
             self._write_meta()
             update = self._channel_config()
             for channel in self.channels:
@@ -869,6 +992,10 @@ class TopicActor(Actor):
 
     def _delete_channel(self, channel: str) -> None:
         self.filters.pop(channel, None)
+        rewind = self.rewinds.pop(channel, None)
+        if rewind is not None and rewind.waiter is not None:
+            rewind.waiter.set(BrokerError(f"channel {channel} was deleted during its rewind",
+                                          code="E_CHANNEL_NOT_FOUND").to_wire())
         if self.channels.pop(channel, None) is None:
             return
         announce(self, self.options, self.topic, channel, gone=True)

@@ -12,10 +12,12 @@ from typing import Any
 import pytest
 
 from actors.broker import Broker
-from storage.chunk import iter_messages
+from storage.chunk import HEADER_SIZE, iter_messages, make_position
+from storage.history import History
 from tests.broker.conftest import broker_options
 from tests.broker.test_broker_actors import wait_for
 from tests.broker.test_http_broker import call
+from transport.client import Consumer, Message
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -212,3 +214,142 @@ def test_what_a_durable_publish_acknowledged_is_in_the_history_after_a_worker_ki
     bodies = [m[26:] for name in _history_files(data, "t")
               for _, m in iter_messages(str(data / "t.history" / name))]
     assert bodies == [b"m%02d" % i for i in range(20)] + [b"after"]
+
+
+# ---------------------------------------------------------------------------
+# Replay: POST /channel/rewind?topic=T&channel=C&from=X
+
+
+def _rewind(b: Broker, query: str) -> tuple[int, dict[str, Any]]:
+    status, raw = call(b, "POST", f"/channel/rewind?{query}")
+    return status, json.loads(raw)
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+        self.ids: list[bytes] = []
+
+    def __call__(self, m: Message) -> None:
+        self.bodies.append(m.body)
+        self.ids.append(m.id)
+
+
+def _drain(b: Broker, topic: str, channel: str, n: int) -> list[bytes]:
+    """The next `n` messages of the channel, FINed (their bodies, in delivery order)."""
+    got = Collector()
+    with Consumer(topic, channel, got, b.zmq_endpoint):
+        wait_for(lambda: len(got.bodies) >= n, what=f"{n} messages")
+    return list(got.bodies)
+
+
+def test_a_rewound_channel_receives_again_what_was_published_from_a_time_or_an_id(tmp_path):
+    b = Broker(broker_options(tmp_path / "data", retention_bytes=10_000_000)).start()
+    try:
+        b.topic_command("t", "hello")
+        b.topic_command("t", "create_channel", "c")
+        for i in range(5):
+            b.publish("t", [b"a%d" % i])
+        b.publish("t", [b"b%d" % i for i in range(5)])
+        first_ms = int(_topic(b, "t")["oldest_retained_timestamp"]) // 1_000_000
+        # Given a consumer that has consumed (and FINed) all ten
+        assert sorted(_drain(b, "t", "c", 10)) == sorted(
+            [b"a%d" % i for i in range(5)] + [b"b%d" % i for i in range(5)])
+        wait_for(lambda: _topic(b, "t")["channels"][0]["depth"] == 0, what="FINed")
+        # When the channel is rewound to the start (unix ms before the first message)
+        status, answer = _rewind(b, f"topic=t&channel=c&from={first_ms - 1000}")
+        # Then it receives all ten again, in publish order
+        assert (status, answer) == (200, {"messages": 10})
+        again = _drain(b, "t", "c", 10)
+        assert again == [b"a%d" % i for i in range(5)] + [b"b%d" % i for i in range(5)]
+        # and from a message id: that message and the ones after it
+        got = Collector()
+        b.publish("t", [b"c0", b"c1", b"c2"])
+        with Consumer("t", "c", got, b.zmq_endpoint):
+            wait_for(lambda: len(got.bodies) == 3, what="three more")
+        ids = list(got.ids)
+        status, answer = _rewind(b, f"topic=t&channel=c&from={ids[1].decode()}")
+        assert (status, answer) == (200, {"messages": 2})
+        assert _drain(b, "t", "c", 2) == [b"c1", b"c2"]
+    finally:
+        b.stop()
+
+
+def test_rewind_errors_say_what_is_wrong(tmp_path):
+    b = Broker(broker_options(tmp_path / "data")).start()
+    try:
+        b.topic_command("t", "hello")
+        b.topic_command("t", "create_channel", "c")
+        b.publish("t", [b"m"])
+        # retention off: nothing retained
+        assert _rewind(b, "topic=t&channel=c&from=0") == (409, {"message": "E_NOT_RETAINED"})
+        assert _rewind(b, "topic=t&channel=c") == (400, {"message": "MISSING_ARG_FROM"})
+        for bad in ("yesterday", "2026-11-27", "12ab", "2026-11-27T10:00:00"):
+            assert _rewind(b, f"topic=t&channel=c&from={bad}") == (
+                400, {"message": "INVALID_ARG_FROM"})
+        assert _rewind(b, "topic=t&channel=nope&from=0") == (
+            404, {"message": "CHANNEL_NOT_FOUND"})
+        assert _rewind(b, "topic=nope&channel=c&from=0") == (404, {"message": "TOPIC_NOT_FOUND"})
+        # retention turned on now: the history is whole from now only
+        _config(b, "topic=t&retention_bytes=1000000")
+        b.publish("t", [b"kept"])
+        assert _rewind(b, "topic=t&channel=c&from=0") == (409, {"message": "E_NOT_RETAINED"})
+        assert _rewind(b, "topic=t&channel=c&from=2030-01-01T00:00:00Z") == (
+            200, {"messages": 0})
+        assert _rewind(b, "topic=t&channel=c&from=00000000000000ff") == (
+            409, {"message": "E_NOT_RETAINED"})
+    finally:
+        b.stop()
+
+
+def test_a_filtered_channel_is_rewound_with_what_its_filter_takes(tmp_path):
+    b = Broker(broker_options(tmp_path / "data", retention_bytes=10_000_000)).start()
+    try:
+        b.topic_command("t", "hello")
+        assert b.channel_tags("t", "reds", ["red"], create=True) == ["red"]
+        b.publish("t", [b"r1"], tag="red")
+        b.publish("t", [b"b1"], tag="blue")
+        b.publish("t", [b"r2", b"r3"], tag="red")
+        assert sorted(_drain(b, "t", "reds", 3)) == [b"r1", b"r2", b"r3"]
+        assert b.channel_rewind("t", "reds", 0) == 3
+        assert _drain(b, "t", "reds", 3) == [b"r1", b"r2", b"r3"]
+    finally:
+        b.stop()
+
+
+def test_a_rewind_kept_in_the_metadata_goes_on_after_a_restart(tmp_path):
+    data = tmp_path / "data"
+    b = Broker(broker_options(data, retention_bytes=10_000_000)).start()
+    try:
+        b.topic_command("t", "hello")
+        b.topic_command("t", "create_channel", "c")
+        _publish(b, "t", 4, per_batch=500)  # 2,000 messages
+        end = int(_topic(b, "t")["retained_bytes"])
+        assert end > 0
+    finally:
+        b.stop()
+    # Given a rewind from the start that a crash interrupted after its first batch
+    # (written into the metadata as the topic does: next position, end, queued)
+    meta_path = data / "t.topic.json"
+    meta = json.loads(meta_path.read_text())
+    first_chunk = sorted(_history_files(data, "t"))[0]
+    number = int(first_chunk[:-4])
+    h = History(str(data / "t.history"), chunk_bytes=1 << 30, max_record=1 << 20,
+                timestamp=lambda r: 0)
+    items, after_first = h.read(make_position(number, HEADER_SIZE), 512)
+    stop = h.end()
+    h.close()
+    assert len(items) == 512
+    meta["rewinds"] = {"c": [after_first, stop, 512]}
+    meta_path.write_text(json.dumps(meta))
+    # When the broker starts again
+    b = Broker(broker_options(data, retention_bytes=10_000_000)).start()
+    try:
+        # Then the rest of it is queued (the 2,000 of before, and 1,488 again), and the
+        # metadata no longer holds it
+        wait_for(lambda: _topic(b, "t")["channels"][0]["depth"] == 2000 + 1488,
+                 what="the rest of the rewind")
+        wait_for(lambda: "rewinds" not in json.loads(meta_path.read_text()),
+                 what="the rewind done")
+    finally:
+        b.stop()

@@ -45,6 +45,7 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor
+from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
 from transport.http import web
@@ -115,6 +116,14 @@ class BrokerFacade(Protocol):
         ``E_TOPIC_NOT_FOUND``, ``E_CHANNEL_NOT_FOUND``, ``E_INVALID``."""
         ...
 
+    def channel_rewind(self, topic: str, channel: str, since_ns: int = 0,
+                       message_id: str = "") -> dict[str, Any]:
+        """Queue again on the channel the retained messages published at or after
+        `since_ns` (or from the message `message_id`): ``{"messages": N}``.  Raises
+        ``E_TOPIC_NOT_FOUND``, ``E_CHANNEL_NOT_FOUND``, ``E_NOT_RETAINED``,
+        ``E_REWIND_IN_PROGRESS``."""
+        ...
+
     def topic_config(self, topic: str, values: dict[str, Any] | None) -> dict[str, Any]:
         """Set a topic's own settings (``backlog_alarm_depth`` and ``retention_bytes``:
         ints >= 0, ``retention_time``: seconds >= 0; None for the broker's flag) and
@@ -172,6 +181,8 @@ _COMMAND_ERRORS: dict[str, tuple[int, str]] = {
     "E_BAD_CHANNEL": (400, "INVALID_CHANNEL"),
     "E_TOPIC_NOT_FOUND": (404, "TOPIC_NOT_FOUND"),
     "E_CHANNEL_NOT_FOUND": (404, "CHANNEL_NOT_FOUND"),
+    "E_NOT_RETAINED": (409, "E_NOT_RETAINED"),
+    "E_REWIND_IN_PROGRESS": (409, "E_REWIND_IN_PROGRESS"),
 }
 
 
@@ -484,6 +495,41 @@ async def _channel_config(request: web.Request) -> web.Response:
     return v1(reply)
 
 
+def parse_from(raw: str) -> tuple[int, str]:
+    """A rewind's ``from``: ``(since_ns, "")`` for an RFC 3339 time or unix milliseconds
+    (any all-digit value but a message id), ``(0, id)`` for a message id (exactly 16
+    hex characters, as clients receive it); ValueError for anything else."""
+    if len(raw) == 16 and all(c in "0123456789abcdefABCDEF" for c in raw):
+        return 0, raw.lower()
+    if raw.isdigit() and len(raw) <= 18:
+        return int(raw) * 1_000_000, ""
+    text = raw[:-1] + "+00:00" if raw[-1:] in "zZ" and raw else raw
+    when = datetime.fromisoformat(text)  # (raises ValueError)
+    if when.tzinfo is None or "T" not in text.upper():
+        msg = f"{raw!r} is not an RFC 3339 time (with its offset)"
+        raise ValueError(msg)
+    return round(when.timestamp() * 1_000_000) * 1000, ""
+
+
+async def _channel_rewind(request: web.Request) -> web.Response:
+    """``POST /channel/rewind?topic=T&channel=C&from=X``: the channel receives again every
+    retained message published at or after X (#21); answers ``{"messages": N}``."""
+    topic = _topic_arg(request)
+    channel = _channel_arg(request)
+    if "from" not in request.query:
+        raise HttpError(400, "MISSING_ARG_FROM")
+    try:
+        since_ns, message_id = parse_from(request.query["from"])
+    except ValueError:
+        raise HttpError(400, "INVALID_ARG_FROM") from None
+    try:
+        reply = await call(request, request.app[FACADE].channel_rewind, topic, channel,
+                           since_ns, message_id)
+    except Exception as e:
+        raise _map_error(e, _COMMAND_ERRORS, request.path) from e
+    return v1(reply)
+
+
 _NO_E2E = {"count": 0, "percentiles": None}
 
 
@@ -572,6 +618,7 @@ def make_app(facade: BrokerFacade, limits: Limits | None = None, *,
     app.router.add_post("/topic/config", _topic_config)
     get("/channel/config", _channel_config)
     app.router.add_post("/channel/config", _channel_config)
+    app.router.add_post("/channel/rewind", _channel_rewind)
     app.router.add_post("/pub", _pub)
     app.router.add_post("/mpub", _mpub)
     for command in ("create", "delete", "empty", "pause", "unpause"):
