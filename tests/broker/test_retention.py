@@ -353,3 +353,22 @@ def test_a_rewind_kept_in_the_metadata_goes_on_after_a_restart(tmp_path):
                  what="the rewind done")
     finally:
         b.stop()
+
+
+def test_a_channel_created_from_a_time_starts_with_what_was_published_since(tmp_path):
+    b = Broker(broker_options(tmp_path / "data", retention_bytes=10_000_000)).start()
+    try:
+        b.topic_command("t", "hello")
+        b.topic_command("t", "create_channel", "first")
+        b.publish("t", [b"old1", b"old2"])
+        # a channel created later from the start gets what was published before it
+        status, raw = call(b, "POST", "/channel/create?topic=t&channel=late&from=0")
+        assert (status, json.loads(raw)) == (200, {"messages": 2})
+        assert _drain(b, "t", "late", 2) == [b"old1", b"old2"]
+        # from=now: only what is published next (nsqd's new channel)
+        assert call(b, "POST", "/channel/create?topic=t&channel=fresh&from=now") == (200, b"")
+        b.publish("t", [b"new"])
+        assert _drain(b, "t", "fresh", 1) == [b"new"]
+        assert call(b, "POST", "/channel/create?topic=t&channel=x&from=soon")[0] == 400
+    finally:
+        b.stop()

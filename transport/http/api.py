@@ -427,11 +427,15 @@ def _command_handler(command: str, *, channel: bool) -> _Handler:
             channel_name = ""
         facade = request.app[FACADE]
         tags = _tags_arg(request) if command == "create_channel" else None
+        start = _from_arg(request) if command == "create_channel" else None
         try:
             if tags is not None:  # (created with its filter at once: no message slips by)
                 await call(request, facade.channel_tags, topic, channel_name, tags, True)
             else:
                 await call(request, facade.topic_command, topic, command, channel_name)
+            if start is not None:  # (#21: a channel that starts from X)
+                return v1(await call(request, facade.channel_rewind, topic, channel_name,
+                                     *start))
         except Exception as e:
             raise _map_error(e, _COMMAND_ERRORS, f"{request.path}") from e
         return v1()
@@ -509,6 +513,18 @@ def parse_from(raw: str) -> tuple[int, str]:
         msg = f"{raw!r} is not an RFC 3339 time (with its offset)"
         raise ValueError(msg)
     return round(when.timestamp() * 1_000_000) * 1000, ""
+
+
+def _from_arg(request: web.Request) -> tuple[int, str] | None:
+    """``from`` of ``/channel/create``: ``(since_ns, message id)``, or None when absent or
+    ``now`` (a new channel starts with what is published next, as nsqd's)."""
+    raw = request.query.get("from")
+    if raw is None or raw == "now":
+        return None
+    try:
+        return parse_from(raw)
+    except ValueError:
+        raise HttpError(400, "INVALID_ARG_FROM") from None
 
 
 async def _channel_rewind(request: web.Request) -> web.Response:
