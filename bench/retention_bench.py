@@ -15,9 +15,13 @@ each round and case, in turn, a fresh topic with two channels and one ZeroMQ
 
 It checks that each channel has every message and that the history holds
 what the policy keeps, prints each round, then the medians with their ratios
-to ``off``.  Whether retention costs a broker that does not use it is measured
-beside the build before it (``python -m bench.nsq_clients_bench --brokers
-ours@<tree>,ours``).
+to ``off``.  Then **replay**: per round, a topic keeping 1 GB, one channel,
+``--messages`` published, and ``POST /channel/rewind`` from before them timed from the
+request to its answer (every message read from the history's files and queued
+on the channel again): messages per second.
+
+Whether retention costs a broker that does not use it is measured beside the
+build before it (``python -m bench.nsq_clients_bench --brokers ours@<tree>,ours``).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from transport.client import Producer
 
 CASES = ("off", "bytes", "trimmed")
 KEEP = {"off": 0, "bytes": 1_000_000_000, "trimmed": 1_000_000}
+CHUNK = 1 << 20  # --max-bytes-per-file
 
 
 def one(case: str, topic: str, http: int, zmq: str, bodies: list[bytes]) -> float:
@@ -58,7 +63,7 @@ def one(case: str, topic: str, http: int, zmq: str, bodies: list[bytes]) -> floa
     elif case == "bytes":
         assert kept >= sum(map(len, bodies)), kept
     else:
-        assert 0 < kept <= KEEP[case], kept
+        assert 0 < kept <= KEEP[case] + CHUNK, kept  # (the chunk being written stays)
     _post(http, f"/topic/delete?topic={topic}")
     return len(bodies) / took
 
@@ -69,11 +74,36 @@ def _stats(http: int, topic: str) -> dict[str, Any]:
         return json.load(r)["topics"][0]
 
 
+def replay(topic: str, http: int, zmq: str, bodies: list[bytes]) -> float:
+    """Messages per second of a rewind of `bodies` from a topic's history."""
+    _post(http, f"/topic/create?topic={topic}")
+    _post(http, f"/topic/config?topic={topic}&retention_bytes={KEEP['bytes']}")
+    _post(http, f"/channel/create?topic={topic}&channel=c")
+    # (the history is whole from when retention was turned on: rewind from then)
+    since_ms = time.time_ns() // 1_000_000 + 1
+    time.sleep(0.002)
+    with Producer(zmq) as p:
+        p.publish_batch(topic, bodies, 200)
+    started = time.perf_counter()
+    req = urllib.request.Request(f"http://127.0.0.1:{http}/channel/rewind?topic={topic}"
+                                 f"&channel=c&from={since_ms}", method="POST")
+    with urllib.request.urlopen(req, timeout=120) as r:  # noqa: S310 - loopback http
+        answer = json.load(r)
+    took = time.perf_counter() - started
+    assert answer == {"messages": len(bodies)}, answer
+    depth = _stats(http, topic)["channels"][0]["depth"]
+    assert depth == 2 * len(bodies), depth
+    _post(http, f"/topic/delete?topic={topic}")
+    return len(bodies) / took
+
+
 def main(argv: list[str] | None = None) -> int:
     args = arguments(__doc__, argv)
-    with launched_broker("--max-bytes-per-file=1048576") as (http, zmq):
+    with launched_broker(f"--max-bytes-per-file={CHUNK}") as (http, zmq):
         rounds("retention", CASES, args,
                lambda case, topic, bodies: one(case, topic, http, zmq, bodies))
+        rounds("replay", ("rewind",), args,
+               lambda _case, topic, bodies: replay(topic, http, zmq, bodies))
     return 0
 
 

@@ -127,6 +127,9 @@ log = logging.getLogger(__name__)
 
 META_SUFFIX = ".topic.json"
 READ_BATCH = 512
+REWIND_BATCH = 4096
+"""History records a rewind queues at a time (its progress is written to the metadata
+after each)."""
 
 
 def topic_meta_path(data_path: str, topic: str) -> str:
@@ -832,7 +835,7 @@ class TopicActor(Actor):
     def _rewind_next(self, channel: str) -> None:
         r = self.rewinds[channel]
         if r.next < r.end:
-            self.tell(self.dq, DqHistoryRead(r.next, r.end, READ_BATCH, self.name, channel))
+            self.tell(self.dq, DqHistoryRead(r.next, r.end, REWIND_BATCH, self.name, channel))
             return
         del self.rewinds[channel]
         self._write_meta()

@@ -340,7 +340,7 @@ def test_a_rewind_kept_in_the_metadata_goes_on_after_a_restart(tmp_path):
     stop = h.end()
     h.close()
     assert len(items) == 512
-    meta["rewinds"] = {"c": [after_first, stop, 512]}
+    meta["rewinds"] = {"c": [after_first, stop, 512]}  # (as after a batch of 512)
     meta_path.write_text(json.dumps(meta))
     # When the broker starts again
     b = Broker(broker_options(data, retention_bytes=10_000_000)).start()
