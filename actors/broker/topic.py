@@ -1017,6 +1017,11 @@ class TopicActor(Actor):
             self.tell(self.dq, DqDelete())
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.meta_path)
+        for channel, rewind in self.rewinds.items():
+            if rewind.waiter is not None:
+                rewind.waiter.set(BrokerError(f"topic {self.topic} was deleted during the "
+                                              f"rewind of {channel}",
+                                              code="E_TOPIC_NOT_FOUND").to_wire())
         self._reset()
         self.deleted = True  # (on_receive then stops the actor if nothing else waits)
 

@@ -3,9 +3,11 @@ chunks by age or size; off by default; set per topic over HTTP and kept across r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -370,5 +372,49 @@ def test_a_channel_created_from_a_time_starts_with_what_was_published_since(tmp_
         b.publish("t", [b"new"])
         assert _drain(b, "t", "fresh", 1) == [b"new"]
         assert call(b, "POST", "/channel/create?topic=t&channel=x&from=soon")[0] == 400
+    finally:
+        b.stop()
+
+
+def test_a_rewind_killed_halfway_completes_after_the_restart(tmp_path):
+    """kill -9 of the topic's worker in the middle of a rewind: after the restart the
+    channel holds every message of it (at least once), and the rewind is done."""
+    data = tmp_path / "data"
+    b = Broker(broker_options(data, retention_bytes=1_000_000_000, mem_queue_size=0,
+                              sync_every=1)).start()
+    meta_path = data / "t.topic.json"
+    try:
+        b.topic_command("t", "hello")
+        b.topic_command("t", "create_channel", "c")
+        total = 60_000
+        for i in range(0, total, 5000):
+            b.publish("t", [b"%06d" % n for n in range(i, i + 5000)])
+        assert _topic(b, "t")["channels"][0]["depth"] == total
+        # Given a rewind of all of it under way (its first batches queued)
+        def rewind() -> None:
+            with contextlib.suppress(OSError):  # (its worker is killed: it may time out)
+                call(b, "POST", "/channel/rewind?topic=t&channel=c&from=0")
+
+        rewinding = threading.Thread(target=rewind, daemon=True)
+        rewinding.start()
+
+        def progress() -> int:
+            rewinds = json.loads(meta_path.read_text()).get("rewinds") or {}
+            return rewinds["c"][2] if "c" in rewinds else -1
+
+        wait_for(lambda: progress() > 0, what="the rewind under way")
+        assert progress() < total  # (halfway, not done)
+        # When the worker is killed
+        worker = next(p for p in b.supervisor.ps() if p.name == "worker-0")
+        os.kill(worker.pid, signal.SIGKILL)
+        wait_for(lambda: next(p for p in b.supervisor.ps()
+                              if p.name == "worker-0").pid not in (None, worker.pid),
+                 what="the worker's restart")
+        # Then the rewind goes on to its end: the channel has every message twice (once
+        # more for a batch queued just before the kill, at most)
+        wait_for(lambda: "rewinds" not in json.loads(meta_path.read_text()), timeout=30,
+                 what="the rewind done")
+        depth = _topic(b, "t")["channels"][0]["depth"]
+        assert 2 * total <= depth <= 2 * total + 4096
     finally:
         b.stop()
