@@ -66,10 +66,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
 import zmq
 
 from transport.protocol import commands as pc
-from transport.protocol.validation import ProtocolError
+from transport.protocol.validation import ProtocolError, parse_from
 from transport.zmq import curve
 from transport.zmq.codec import ErrorReply, Messages, Ok, encode_request, parse_reply
 from transport.zmq.frames import recv_frames, send_frames
@@ -260,6 +261,37 @@ class Producer:
                     raise refused
         if refused is not None:
             raise refused
+
+    def rewind(self, topic: str, channel: str, start: int | str, *,
+               timeout: float = 60.0) -> int:
+        """REWIND (#21) on every broker of this producer: each queues again on `channel`
+        what its `topic`'s history kept from `start` on -- unix milliseconds, an RFC 3339
+        time, or a message id (16 hex characters) -- and this returns how many messages
+        they queued in all.  Raises `BrokerRefused` (``E_NOT_RETAINED``: a broker's
+        history does not hold all of it) or `PublishError` (no answer in `timeout`)."""
+        since_ns, message_id = parse_from(str(start))
+        command = pc.Rewind(topic, channel, since_ns, message_id)
+        total = 0
+        for broker in self._brokers:
+            self._reset(broker)  # (a session of its own: nothing else waits on it)
+            sock = broker.sock = _socket(self._ctx, broker.endpoint, self._curve)
+            if self._auth_secret is not None:
+                send_frames(sock, encode_request(pc.Auth(self._auth_secret), b"#auth"))
+            send_frames(sock, encode_request(command, b"#rewind"))
+            deadline = time.monotonic() + timeout
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not sock.poll(int(remaining * 1000) + 1):
+                    self._reset(broker)
+                    raise PublishError(f"{broker.endpoint} did not answer REWIND in {timeout}s")
+                reply = parse_reply(recv_frames(sock))
+                if isinstance(reply, ErrorReply) and reply.corr in (b"#rewind", b"#auth"):
+                    self._reset(broker)
+                    raise BrokerRefused(reply.error.code, reply.error.text)
+                if isinstance(reply, Ok) and reply.corr == b"#rewind":
+                    total += int(msgpack.unpackb(reply.payload or b"\x80")["messages"])
+                    break
+        return total
 
     def close(self) -> None:
         for b in self._brokers:

@@ -31,6 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
+
 from actors.broker import connections, health
 from actors.broker.channel_state import client_entry
 from actors.broker.errors import (
@@ -44,6 +46,7 @@ from actors.broker.errors import (
 )
 from actors.broker.messages import (
     GATHER_MAX,
+    ChannelRewind,
     ClientError,
     Deliver,
     Fin,
@@ -65,6 +68,7 @@ log = logging.getLogger(__name__)
 
 PUBLISH_TIMEOUT = 10.0  # seconds a publish may wait for its topic before it fails
 SUB_TIMEOUT = 10.0  # seconds a SUB may wait for its topic to create the channel
+REWIND_TIMEOUT = 60.0  # seconds a REWIND may wait for its messages to be queued
 
 
 @message
@@ -85,6 +89,18 @@ class ClientIdentify:
 class ClientSub:
     topic: str
     channel: str
+    corr: bytes | None = None
+
+
+@message
+@dataclass(frozen=True)
+class ClientRewind:
+    """REWIND (ZeroMQ, #21): answered ``OK`` with msgpack ``{"messages": N}``."""
+
+    topic: str
+    channel: str
+    since_ns: int = 0
+    message_id: str = ""
     corr: bytes | None = None
 
 
@@ -325,6 +341,21 @@ class ClientActor(Actor):
                 connections.remember_subscription(self.name, self.channel)
                 self.tell(self.channel, Sub(self.name, self.msg_timeout_ms, self._stats_info()))
                 self._ok(corr)
+            case ClientRewind(topic=topic, channel=channel, corr=corr):
+                if not is_valid_topic_name(topic):
+                    raise bad_topic(topic, "REWIND")
+                if not is_valid_channel_name(channel):
+                    raise bad_channel(channel, "REWIND")
+                # (this actor waits meanwhile, as for SUB; the rewind may take seconds)
+                try:
+                    reply = self.ask(f"topic:{topic}",
+                                     ChannelRewind(channel, msg.since_ns, msg.message_id),
+                                     timeout=REWIND_TIMEOUT)
+                except Exception as e:  # the topic's worker is down or restarting
+                    raise invalid(f"REWIND failed: {e}") from e
+                if isinstance(reply, tuple):
+                    raise from_wire(reply)
+                self._ok(corr, msgpack.packb(dict(reply)))
             case ClientRdy() if self.closed:
                 pass  # nsqd ignores RDY after CLS
             case ClientRdy(count=count):
@@ -444,10 +475,10 @@ class ClientActor(Actor):
                 "user_agent": ident.get("user_agent", ""),
                 **(getattr(conn, "details", None) or {})}
 
-    def _ok(self, corr: bytes | None) -> None:
+    def _ok(self, corr: bytes | None, payload: bytes | None = None) -> None:
         conn = connections.lookup(self.name)
         if conn is not None:
-            conn.respond(corr, None)
+            conn.respond(corr, None, payload)
         elif corr is not None:
             self.outbox.append(("ok", corr))
 

@@ -36,6 +36,7 @@ from actors.broker.client import (
     ClientPub,
     ClientRdy,
     ClientReq,
+    ClientRewind,
     ClientSub,
     ClientTick,
     ClientTouch,
@@ -426,6 +427,8 @@ def to_client_message(command: Any, corr: bytes | None) -> Any:
             return ClientPub(topic, [body], delay_ms, corr, tag)
         case pc.Sub(topic=topic, channel=channel):
             return ClientSub(topic, channel, corr)
+        case pc.Rewind(topic=topic, channel=channel, since_ns=since_ns, message_id=message_id):
+            return ClientRewind(topic, channel, since_ns, message_id, corr)
         case pc.Rdy(count=count):
             return ClientRdy(count)
         case pc.Fin(ids=ids):

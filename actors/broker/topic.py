@@ -815,16 +815,16 @@ class TopicActor(Actor):
             raise BrokerError(f"channel {channel} not found", code="E_CHANNEL_NOT_FOUND")
         if channel in self.rewinds:
             raise BrokerError(f"channel {channel} is being rewound already",
-                              code="E_REWIND_IN_PROGRESS")
+                              code="E_REWIND_IN_PROGRESS", fatal=False)
         found = None if self.ephemeral else self.ask(
             self.dq, DqHistoryFind(since_ns, message_id.encode()), timeout=30)
         if found is None:
             what = f"message {message_id}" if message_id else "no history"
-            raise BrokerError(f"{what}: not retained", code="E_NOT_RETAINED")
+            raise BrokerError(f"{what}: not retained", code="E_NOT_RETAINED", fatal=False)
         start, end, complete_from = found
         if not message_id and since_ns < complete_from:
             raise BrokerError(f"the history is whole only from {complete_from} ns",
-                              code="E_NOT_RETAINED")
+                              code="E_NOT_RETAINED", fatal=False)
         if start >= end:
             return {"messages": 0}
         self.rewinds[channel] = _Rewind(start, end, 0, self.defer_reply())

@@ -19,7 +19,7 @@ from storage.history import History
 from tests.broker.conftest import broker_options
 from tests.broker.test_broker_actors import wait_for
 from tests.broker.test_http_broker import call
-from transport.client import Consumer, Message
+from transport.client import BrokerRefused, Consumer, Message, Producer
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -416,5 +416,23 @@ def test_a_rewind_killed_halfway_completes_after_the_restart(tmp_path):
                  what="the rewind done")
         depth = _topic(b, "t")["channels"][0]["depth"]
         assert 2 * total <= depth <= 2 * total + 4096
+    finally:
+        b.stop()
+
+
+def test_rewind_over_zeromq_answers_how_many_and_refusals_keep_the_session(tmp_path):
+    b = Broker(broker_options(tmp_path / "data", retention_bytes=10_000_000)).start()
+    try:
+        b.topic_command("t", "hello")
+        b.topic_command("t", "create_channel", "c")
+        b.publish("t", [b"x1", b"x2"])
+        assert sorted(_drain(b, "t", "c", 2)) == [b"x1", b"x2"]
+        with Producer(b.zmq_endpoint) as p:
+            assert p.rewind("t", "c", 0) == 2
+            assert p.rewind("t", "c", "2030-01-01T00:00:00+00:00") == 0
+            with pytest.raises(BrokerRefused, match="E_NOT_RETAINED"):
+                p.rewind("t", "c", "00000000000000ff")
+            p.publish("t", b"x3")  # (the refusal was not fatal: publishing goes on)
+        assert _drain(b, "t", "c", 3) == [b"x1", b"x2", b"x3"]
     finally:
         b.stop()

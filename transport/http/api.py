@@ -45,7 +45,6 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor
-from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
 from transport.http import web
@@ -70,6 +69,7 @@ from transport.protocol.validation import (
     check_message_size,
     check_mpub_count,
     check_topic,
+    parse_from,
     valid_tag,
 )
 from transport.tls import peer_details
@@ -497,22 +497,6 @@ async def _channel_config(request: web.Request) -> web.Response:
     except Exception as e:
         raise _map_error(e, _COMMAND_ERRORS, request.path) from e
     return v1(reply)
-
-
-def parse_from(raw: str) -> tuple[int, str]:
-    """A rewind's ``from``: ``(since_ns, "")`` for an RFC 3339 time or unix milliseconds
-    (any all-digit value but a message id), ``(0, id)`` for a message id (exactly 16
-    hex characters, as clients receive it); ValueError for anything else."""
-    if len(raw) == 16 and all(c in "0123456789abcdefABCDEF" for c in raw):
-        return 0, raw.lower()
-    if raw.isdigit() and len(raw) <= 18:
-        return int(raw) * 1_000_000, ""
-    text = raw[:-1] + "+00:00" if raw[-1:] in "zZ" and raw else raw
-    when = datetime.fromisoformat(text)  # (raises ValueError)
-    if when.tzinfo is None or "T" not in text.upper():
-        msg = f"{raw!r} is not an RFC 3339 time (with its offset)"
-        raise ValueError(msg)
-    return round(when.timestamp() * 1_000_000) * 1000, ""
 
 
 def _from_arg(request: web.Request) -> tuple[int, str] | None:

@@ -148,7 +148,19 @@ class Nop:
     """NOP: no answer; answers a heartbeat (and, on ZeroMQ, is the client's heartbeat)."""
 
 
-Command = Identify | Auth | Sub | Pub | Mpub | Dpub | Rdy | Fin | Req | Touch | Cls | Nop
+@dataclass(frozen=True, slots=True)
+class Rewind:
+    """REWIND (ZeroMQ, #21): queue again on ``channel`` of ``topic`` what its history kept
+    from ``since_ns`` on, or from the message ``message_id`` (16 hex characters) on."""
+
+    topic: str
+    channel: str
+    since_ns: int
+    message_id: str = ""
+
+
+Command = (Identify | Auth | Sub | Pub | Mpub | Dpub | Rdy | Fin | Req | Touch | Cls | Nop
+           | Rewind)
 """Every client command."""
 
 

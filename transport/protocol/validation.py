@@ -35,6 +35,7 @@ from __future__ import annotations
 import re
 import struct
 from dataclasses import dataclass
+from datetime import datetime
 from enum import Enum
 from typing import Any
 
@@ -60,6 +61,7 @@ __all__ = [
     "invalid",
     "invalid_command",
     "parse_decimal",
+    "parse_from",
     "parse_msg_id",
     "split_mpub_body",
     "states_allowing",
@@ -75,7 +77,8 @@ DISK_FAILED = "disk failed"
 """In the text of a publish refused because the queue's disk failed an fsync (the
 queue takes no writes until a restart); HTTP answers it 503 ``DISK_FAILED``."""
 
-NON_FATAL_CODES = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"})
+NON_FATAL_CODES = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED",
+                             "E_NOT_RETAINED", "E_REWIND_IN_PROGRESS"})
 """Codes after which the connection stays open; every other error closes it."""
 
 
@@ -441,3 +444,19 @@ class ConnectionState:
             self.state = State.CLOSING
         elif isinstance(command, Identify) and command.settings is not None:
             self.heartbeats = command.settings.heartbeat_interval > 0
+
+
+def parse_from(raw: str) -> tuple[int, str]:
+    """A rewind's ``from``: ``(since_ns, "")`` for an RFC 3339 time or unix milliseconds
+    (any all-digit value but a message id), ``(0, id)`` for a message id (exactly 16
+    hex characters, as clients receive it); ValueError for anything else."""
+    if len(raw) == 16 and all(c in "0123456789abcdefABCDEF" for c in raw):
+        return 0, raw.lower()
+    if raw.isdigit() and len(raw) <= 18:
+        return int(raw) * 1_000_000, ""
+    text = raw[:-1] + "+00:00" if raw[-1:] in "zZ" and raw else raw
+    when = datetime.fromisoformat(text)  # (raises ValueError)
+    if when.tzinfo is None or "T" not in text.upper():
+        msg = f"{raw!r} is not an RFC 3339 time (with its offset)"
+        raise ValueError(msg)
+    return round(when.timestamp() * 1_000_000) * 1000, ""

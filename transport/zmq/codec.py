@@ -60,6 +60,7 @@ from transport.protocol.commands import (
     Pub,
     Rdy,
     Req,
+    Rewind,
     Sub,
     Touch,
     decode_message,
@@ -80,6 +81,7 @@ from transport.protocol.validation import (
     invalid,
     invalid_command,
     parse_decimal,
+    parse_from,
     parse_msg_id,
 )
 
@@ -219,6 +221,17 @@ def _tagged(name: str, untagged: Callable[..., Command], n: int, *, at_least: bo
     return parse
 
 
+def _rewind(args: Sequence[bytes], _limits: Limits, _server: ServerInfo) -> Command:
+    _arity(args, "REWIND", 3)
+    topic, channel = check_topic(args[0], "REWIND"), check_channel(args[1], "REWIND")
+    try:
+        since_ns, message_id = parse_from(args[2].decode("ascii"))
+    except (ValueError, UnicodeDecodeError):
+        raise invalid(f"REWIND bad from {args[2][:64]!r} (an RFC 3339 time, unix "
+                      f"milliseconds, or a message id of 16 hex characters)") from None
+    return Rewind(topic, channel, since_ns, message_id)
+
+
 def _rdy(args: Sequence[bytes], limits: Limits, _server: ServerInfo) -> Command:
     _arity(args, "RDY", 1)
     return Rdy(check_rdy(parse_decimal(args[0], "RDY", "count"), limits))
@@ -266,6 +279,7 @@ _HANDLERS: dict[bytes, Callable[[Sequence[bytes], Limits, ServerInfo], Command]]
     b"CLS": _cls,
     b"IDENTIFY": _identify,
     b"AUTH": _auth,
+    b"REWIND": _rewind,
 }
 
 
@@ -378,6 +392,9 @@ def encode_request(command: Command, corr: bytes | None = None) -> list[bytes]:
             frames.append(b"CLS")
         case Nop():
             frames.append(b"NOP")
+        case Rewind(topic, channel, since_ns, message_id):
+            start = message_id.encode() if message_id else b"%d" % (since_ns // 1_000_000)
+            frames += [b"REWIND", topic.encode(), channel.encode(), start]
         case _:
             msg = f"not a ZeroMQ protocol command: {command!r}"
             raise TypeError(msg)

@@ -22,6 +22,7 @@ from transport.protocol.commands import (
     Pub,
     Rdy,
     Req,
+    Rewind,
     Sub,
     Touch,
 )
@@ -98,6 +99,15 @@ def test_the_request_frames_are_the_command_name_then_one_frame_per_argument() -
     assert encode_request(Pub("t", b"x", "red")) == [b"TPUB", b"t", b"red", b"x"]
     assert encode_request(Mpub("t", (b"a", b"b"), "red")) == [b"TMPUB", b"t", b"red", b"a", b"b"]
     assert encode_request(Dpub("t", 5, b"x", "red")) == [b"TDPUB", b"t", b"red", b"5", b"x"]
+    # REWIND (#21): from unix milliseconds, an RFC 3339 time, or a message id
+    assert encode_request(Rewind("t", "c", 1_700_000_000_000_000_000)) == [
+        b"REWIND", b"t", b"c", b"1700000000000"]
+    assert encode_request(Rewind("t", "c", 0, "0123456789abcdef")) == [
+        b"REWIND", b"t", b"c", b"0123456789abcdef"]
+    assert parse([b"REWIND", b"t", b"c", b"2023-11-14T22:13:20Z"]).command == Rewind(
+        "t", "c", 1_700_000_000_000_000_000)
+    assert parse([b"REWIND", b"t", b"c", b"0123456789ABCDEF"]).command == Rewind(
+        "t", "c", 0, "0123456789abcdef")
 
 
 def test_a_correlation_frame_must_start_with_a_hash() -> None:
@@ -172,6 +182,13 @@ BAD_REQUESTS = [
      'TPUB topic name "a b" is not valid'),
     ("tmpub empty message", [b"TMPUB", b"t", b"red", b"a", b""], "E_BAD_MESSAGE",
      "TMPUB invalid message(1) body size 0"),
+    ("rewind bad from", [b"REWIND", b"t", b"c", b"soon"], "E_INVALID",
+     "REWIND bad from b'soon' (an RFC 3339 time, unix milliseconds, or a message id of 16 "
+     "hex characters)"),
+    ("rewind without from", [b"REWIND", b"t", b"c"], "E_INVALID",
+     "REWIND insufficient number of parameters"),
+    ("rewind bad channel", [b"REWIND", b"t", b"a b", b"0"], "E_BAD_CHANNEL",
+     'REWIND channel name "a b" is not valid'),
 ]  # fmt: skip
 
 
