@@ -1065,6 +1065,21 @@ class DrainResult:
     batches: int = 0
     bad: int = 0
     duplicates: int = 0
+    rewound: int = 0
+    """With ``from_``: the messages the brokers queued again from their histories."""
+
+
+def _rewind(topic: str, channel: str, endpoints: str | Sequence[str], start: int | str,
+            client_options: Mapping[str, Any] | None) -> int:
+    eps = [endpoints] if isinstance(endpoints, str) else list(endpoints)
+    if not eps:
+        msg = ("drain_to_parquet(from_=...) needs the brokers' endpoints (each broker "
+               "replays its own history), not only lookup daemons")
+        raise ValueError(msg)
+    keys = ("curve_server_key", "curve_keypair", "auth_secret")
+    options = {k: v for k, v in (client_options or {}).items() if k in keys}
+    with Producer(eps, **options) as producer:
+        return producer.rewind(topic, channel, start)
 
 
 def drain_to_parquet(spark: Any, topic: str, channel: str, endpoints: str | Sequence[str],
@@ -1074,8 +1089,17 @@ def drain_to_parquet(spark: Any, topic: str, channel: str, endpoints: str | Sequ
                      msg_timeout_ms: int = 120_000, rdy_per_connection: int = 2500,
                      metadata: bool = False, lookupd_http_addresses: Sequence[str] = (),
                      lookupd_poll_interval: float = 60.0, dedupe_window: int = 1_000_000,
-                     client_options: Mapping[str, Any] | None = None) -> DrainResult:
+                     client_options: Mapping[str, Any] | None = None,
+                     from_: int | str | None = None) -> DrainResult:
     """Write ``topic``/``channel`` to Parquet at ``path`` (appending), one write per batch.
+
+    With ``from_`` (unix milliseconds, an RFC 3339 time, or a message id; #21) the
+    drain first rewinds the channel on each broker of ``endpoints`` (ZeroMQ
+    ``REWIND``, which creates the channel if needed), so the table is rebuilt from
+    what the topic's history kept from there on (retention, docs/OPERATIONS.md);
+    ``DrainResult.rewound`` says how many messages that queued.  A broker whose
+    history does not hold all of it refuses (``BrokerRefused``, ``E_NOT_RETAINED``)
+    and nothing is drained.
 
     Each batch is FINed only after its write has committed (and, on a local
     path, after its new files and directories are fsynced).  Messages that
@@ -1091,6 +1115,8 @@ def drain_to_parquet(spark: Any, topic: str, channel: str, endpoints: str | Sequ
     The other parameters are :class:`TopicReader`'s.
     """
     result = DrainResult()
+    if from_ is not None:
+        result.rewound = _rewind(topic, channel, endpoints, from_, client_options)
     bad_schema = t.StructType([t.StructField("id", t.StringType()),
                                t.StructField("body", t.BinaryType()),
                                t.StructField("error", t.StringType())])

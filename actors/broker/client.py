@@ -346,11 +346,16 @@ class ClientActor(Actor):
                     raise bad_topic(topic, "REWIND")
                 if not is_valid_channel_name(channel):
                     raise bad_channel(channel, "REWIND")
-                # (this actor waits meanwhile, as for SUB; the rewind may take seconds)
+                # (this actor waits meanwhile, as for SUB; the rewind may take seconds).
+                # The channel is created if need be (a drain rebuilding a table from
+                # history starts on a new one); the topic must exist: it has the history.
                 try:
-                    reply = self.ask(f"topic:{topic}",
-                                     ChannelRewind(channel, msg.since_ns, msg.message_id),
-                                     timeout=REWIND_TIMEOUT)
+                    reply = self.ask(f"topic:{topic}", TopicCommand("create_channel", channel),
+                                     timeout=SUB_TIMEOUT)
+                    if reply is None:
+                        reply = self.ask(f"topic:{topic}",
+                                         ChannelRewind(channel, msg.since_ns, msg.message_id),
+                                         timeout=REWIND_TIMEOUT)
                 except Exception as e:  # the topic's worker is down or restarting
                     raise invalid(f"REWIND failed: {e}") from e
                 if isinstance(reply, tuple):

@@ -561,3 +561,27 @@ def test_tag_column_tags_each_rows_message_on_both_publish_paths(spark, broker, 
     bad = spark.createDataFrame([{"id": 1, "region": "a b"}], "id int, region string")
     with pytest.raises(Exception, match=r"bad tag 'a b' in column region"):
         PartitionPublisher(topic, broker.zmq_endpoint, tag_column="region").publish(bad)
+
+
+def test_a_drain_from_a_time_rebuilds_a_table_from_the_topics_history(spark, broker, tmp_path):
+    # Given a topic keeping its history (retention turned on now: whole from now)
+    def post(path: str) -> None:
+        req = urllib.request.Request(f"http://127.0.0.1:{broker.http}{path}", method="POST")
+        with urllib.request.urlopen(req, timeout=10) as r:  # noqa: S310 - loopback http
+            r.read()
+
+    post("/topic/create?topic=history")
+    post("/channel/create?topic=history&channel=live")  # (its consumers took them)
+    post("/topic/config?topic=history&retention_bytes=100000000")
+    since_ms = time.time_ns() // 1_000_000 + 1
+    time.sleep(0.002)
+    bodies = [json.dumps({"id": i, "name": f"n{i}"}).encode() for i in range(50)]
+    with Producer(broker.zmq_endpoint) as p:
+        p.publish_batch("history", bodies)
+    # When a drain on a channel that did not exist then starts from that time
+    out = tmp_path / "rebuilt"
+    result = drain_to_parquet(spark, "history", "rebuild", broker.zmq_endpoint, str(out),
+                              schema=SCHEMA, idle_timeout=3, batch_timeout=1, from_=since_ms)
+    # Then the table has every row published since
+    assert (result.rewound, result.rows) == (50, 50)
+    assert sorted(read_ids(spark, out)) == list(range(50))
