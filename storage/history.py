@@ -251,13 +251,17 @@ class History:
 
     # ---------------------------------------------------------------- retain
 
-    def trim(self, *, now_ns: int, max_age_ns: int = 0, max_bytes: int = 0) -> int:
+    def trim(self, *, now_ns: int, max_age_ns: int = 0, max_bytes: int = 0,
+             keep_from: int | None = None) -> int:
         """Delete the oldest chunks the policy no longer keeps (0: no limit of that
-        kind); never the chunk being written.  Returns how many were deleted."""
+        kind); never the chunk being written, nor (`keep_from`, a position a reader
+        still has to read from) the chunk of that position and later ones.  Returns
+        how many were deleted."""
         deleted = 0
+        held = split_position(keep_from)[0] if keep_from is not None else None
         with self._lock:
             chunks = self._chunks
-            while len(chunks) > 1:
+            while len(chunks) > 1 and (held is None or chunks[0].number < held):
                 too_big = bool(max_bytes) and self._bytes() > max_bytes
                 too_old = False
                 if max_age_ns and not too_big:

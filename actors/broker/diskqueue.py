@@ -283,6 +283,8 @@ class DiskQueueActor(Actor):
         self.queue: DiskQueue | NullQueue | None = None
         self.delayed: DelayedStore | None = None
         self.history: History | None = None
+        # channel -> (position, when): where a rewind reads next; trims keep from there
+        self.rewind_floors: dict[str, tuple[int, float]] = {}
         self.group_commit = options.sync_every == 1
         self.unsynced: list[tuple[str, int]] = []
         self.commits = 0
@@ -505,10 +507,11 @@ class DiskQueueActor(Actor):
                 history.max_chunk_age_ns = msg.max_age_ns // 10
                 self._write(lambda: history.append(records), confirms)
                 history.trim(now_ns=msg.now_ns, max_age_ns=msg.max_age_ns,
-                             max_bytes=msg.max_bytes)
+                             max_bytes=msg.max_bytes, keep_from=self._rewind_floor())
             case DqTrim(now_ns=now_ns, max_age_ns=max_age_ns, max_bytes=max_bytes):
                 if max_age_ns or max_bytes:
-                    history.trim(now_ns=now_ns, max_age_ns=max_age_ns, max_bytes=max_bytes)
+                    history.trim(now_ns=now_ns, max_age_ns=max_age_ns, max_bytes=max_bytes,
+                                 keep_from=self._rewind_floor())
                 else:  # retention turned off: what was kept goes
                     history.delete()
                     self.history = None
@@ -525,9 +528,20 @@ class DiskQueueActor(Actor):
             case DqHistoryRead(position=position, end=end, limit=limit, reply_to=reply_to,
                                channel=channel):
                 items, nxt = history.read(position, limit, end)
+                if items and nxt < end:  # (what it reads next is not trimmed meanwhile)
+                    self.rewind_floors[channel] = (nxt, self.clock())
+                else:
+                    self.rewind_floors.pop(channel, None)
                 self.tell(reply_to, DqHistoryBatch(channel, [r for _, r in items],
                                                    nxt if items else end))
         return None
+
+    def _rewind_floor(self) -> int | None:
+        """The oldest position a rewind still reads from (one that has not read for a
+        minute is forgotten: its topic gave it up, or will read again from there)."""
+        now = self.clock()
+        live = [p for p, when in self.rewind_floors.values() if now - when < 60.0]
+        return min(live) if live else None
 
     def _arm_idle_timer(self) -> None:
         if not self.idle_timer and self.options.queue_idle_close:

@@ -295,3 +295,18 @@ HistoryModel.TestCase.settings = settings(max_examples=40, stateful_step_count=3
                                           deadline=None, derandomize=True,
                                           suppress_health_check=[HealthCheck.too_slow])
 test_history_against_a_model = HistoryModel.TestCase
+
+
+def test_trim_keeps_what_a_reader_still_has_to_read(tmp_path: Path) -> None:
+    h = open_history(tmp_path / "t.history", chunk_bytes=2048)
+    for i in range(200):
+        h.append([record(SECOND + i, b"%03d" % i)])
+    items, _ = h.read(h.oldest(), 150)
+    reading = items[-1][0]  # a rewind that has read 150 and goes on from here
+    chunks = h.stats()["chunks"]
+    h.trim(now_ns=0, max_bytes=1, keep_from=reading)
+    assert h.read(reading, 1)[0][0] == items[-1]  # still there
+    assert h.stats()["chunks"] < chunks  # (older chunks went)
+    h.trim(now_ns=0, max_bytes=1)
+    assert h.stats()["chunks"] == 1
+    h.close()
