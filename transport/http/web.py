@@ -61,6 +61,18 @@ Middleware = Callable[["Request", Handler], Awaitable["Response"]]
 MAX_HEAD = 64 * 1024
 """The longest request line and headers, together (431 beyond)."""
 
+KEEPALIVE_TIMEOUT = 75.0
+"""How long a connection may wait between requests, or take to send a request's head,
+before it is closed (aiohttp's and nginx's keep-alive timeout)."""
+
+MAX_READ = 1024 * 1024
+"""The largest body ``request.read()`` / ``json()`` take whole (413 beyond); handlers
+that take more read it in pieces (``request.content.read(n)``), as ``/mpub`` does."""
+
+_CHUNK_SIZE = re.compile(rb"[0-9a-fA-F]{1,16}")
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
 _REASONS = {100: "Continue", 200: "OK", 201: "Created", 204: "No Content",
             301: "Moved Permanently", 302: "Found", 304: "Not Modified", 400: "Bad Request",
             401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
@@ -290,13 +302,10 @@ class Body:
 
     async def _next_chunk(self) -> None:
         line = await self._line()
-        size_text = line.split(b";", 1)[0].strip()
-        try:
-            size = int(size_text, 16)
-        except ValueError:
-            raise _BadRequest("bad chunk size") from None
-        if size < 0 or not size_text.isalnum():
+        size_text = line.split(b";", 1)[0].strip(b" \t")
+        if not _CHUNK_SIZE.fullmatch(size_text):  # (hex digits only: no 0x, no sign)
             raise _BadRequest("bad chunk size")
+        size = int(size_text, 16)
         if size == 0:
             while await self._line():  # trailers, up to the empty line
                 pass
@@ -357,7 +366,16 @@ class Request:
         return query
 
     async def read(self) -> bytes:
-        return await self.content.read()
+        """The whole body, up to :data:`MAX_READ` (413 beyond, nothing more is read)."""
+        length = self.content_length
+        if length is not None and length > MAX_READ:
+            raise HTTPRequestEntityTooLarge
+        body = await self.content.read(MAX_READ + 1)
+        while not self.content.at_eof and len(body) <= MAX_READ:  # (chunked)
+            body += await self.content.read(MAX_READ + 1 - len(body))
+        if len(body) > MAX_READ:
+            raise HTTPRequestEntityTooLarge
+        return body
 
     async def text(self) -> str:
         return (await self.read()).decode("utf-8")
@@ -448,6 +466,10 @@ class HTTPNotFound(HTTPException):
     status = 404
 
 
+class HTTPRequestEntityTooLarge(HTTPException):
+    status = 413
+
+
 class HTTPMethodNotAllowed(HTTPException):
     status = 405
 
@@ -474,9 +496,11 @@ class Runner:
     """Serves `app` on the running event loop: :meth:`start` from a bound listening
     socket, :meth:`close` to stop (see the module's docstring)."""
 
-    def __init__(self, app: Application, *, shutdown_timeout: float = 2.0) -> None:
+    def __init__(self, app: Application, *, shutdown_timeout: float = 2.0,
+                 keepalive_timeout: float = KEEPALIVE_TIMEOUT) -> None:
         self.app = app
         self.shutdown_timeout = shutdown_timeout
+        self.keepalive_timeout = keepalive_timeout
         self._server: asyncio.base_events.Server | None = None
         self._idle: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -523,7 +547,10 @@ class Runner:
         while not self._closing:
             self._idle[task] = writer
             try:
-                head = await reader.readuntil(b"\r\n\r\n")
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"),
+                                              self.keepalive_timeout)
+            except TimeoutError:  # idle, or a head sent too slowly: the connection goes
+                return
             except asyncio.IncompleteReadError as e:
                 if e.partial.strip():
                     writer.write(_error(400, "the request ended within its head"))
@@ -567,14 +594,17 @@ class Runner:
         while lines and not lines[0]:  # (robustness: empty lines before a request)
             lines.pop(0)
         parts = lines[0].split(" ") if lines else []
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not parts[0].isalpha() \
-                or not parts[1].startswith(("/", "*")):
+        if len(parts) != 3 or parts[2] not in ("HTTP/1.0", "HTTP/1.1") \
+                or not _TOKEN.fullmatch(parts[0]) or not parts[1].startswith(("/", "*")) \
+                or _BAD_VALUE.search(parts[1]):
             raise _BadRequest("bad request line")
         method, target, version = parts
         headers = Headers()
         for line in lines[1:]:
             name, sep, value = line.partition(":")
-            if not sep or not name or name != name.strip() or " " in name:
+            # (a name is a token; no CR, LF or NUL anywhere: a bare LF must not split a
+            # line differently here than in a proxy in front)
+            if not sep or not _TOKEN.fullmatch(name) or _BAD_VALUE.search(value):
                 raise _BadRequest("bad header line")
             key = name.lower()
             value = value.strip(" \t")
@@ -592,7 +622,7 @@ class Runner:
             chunked = True
         elif "content-length" in headers:
             text = headers["content-length"]
-            if not text.isdigit():
+            if not (text.isascii() and text.isdigit()) or len(text) > 18:
                 raise _BadRequest("bad Content-Length")
             length = int(text)
         expect = headers.get("expect", "").lower() == "100-continue" and version == "HTTP/1.1"

@@ -18,9 +18,11 @@ pytestmark = pytest.mark.timeout(30)
 class Served:
     """An app served on its own loop and thread, on a free loopback port."""
 
-    def __init__(self, app: web.Application, shutdown_timeout: float = 2.0) -> None:
+    def __init__(self, app: web.Application, shutdown_timeout: float = 2.0,
+                 keepalive_timeout: float = 30.0) -> None:
         self.loop = asyncio.new_event_loop()
-        self.runner = web.Runner(app, shutdown_timeout=shutdown_timeout)
+        self.runner = web.Runner(app, shutdown_timeout=shutdown_timeout,
+                                 keepalive_timeout=keepalive_timeout)
         sock = socket.create_server(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -178,6 +180,13 @@ def test_a_small_unread_body_is_dropped_and_the_connection_kept(served: Served) 
     (b"POST /echo HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", 501),
     (b"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400),
     (b"GET /echo HTTP/1.1\r\nX: " + b"a" * 70000 + b"\r\n\r\n", 431),
+    # (what a proxy in front may read otherwise: no smuggling through lax framing)
+    (b"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0x5\r\nhello\r\n0\r\n\r\n",
+     400),
+    (b"POST /echo HTTP/1.1\r\nX: a\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n"
+     b"hello", 400),
+    (b"GET /echo HTTP/1.1\r\nX\x00Y: a\r\n\r\n", 400),
+    ("POST /echo HTTP/1.1\r\nContent-Length: \u00b2\r\n\r\n".encode(), 400),
 ])
 def test_bad_framing_is_answered_and_the_connection_closed(
         served: Served, request_bytes: bytes, status: int) -> None:
@@ -215,6 +224,35 @@ def test_routing_answers_head_404_405_and_named_segments(served: Served) -> None
         while b"\r\n\r\n" not in buf:  # (HEAD: no body to read)
             buf += sock.recv(65536)
         assert buf.startswith(b"HTTP/1.1 405 ")  # a GET route without HEAD
+
+
+def test_an_idle_connection_is_closed_after_the_keep_alive_timeout() -> None:
+    app = web.Application()
+    app.router.add_get("/echo", echo)
+    served = Served(app, keepalive_timeout=0.2)
+    try:
+        with served.connect() as sock:
+            sock.sendall(b"GET /echo HTTP/1.1\r\n\r\n")
+            assert read_response(sock, bytearray())[0] == 200
+            assert closed(sock)  # (after 0.2 s without a request; the recv waits for it)
+        with served.connect() as sock:
+            sock.sendall(b"GET /echo HTTP/1.1\r\n")  # a head never finished
+            assert closed(sock)
+    finally:
+        served.close()
+
+
+def test_a_body_read_whole_is_bounded(served: Served) -> None:
+    with served.connect() as sock:
+        sock.sendall(b"POST /echo HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % (web.MAX_READ + 1))
+        status, headers, _ = read_response(sock, bytearray())
+        assert (status, headers["connection"]) == (413, "close")
+    with served.connect() as sock:  # chunked: refused once past the bound
+        sock.sendall(b"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n")
+        chunk = b"x" * 65536
+        for _ in range(web.MAX_READ // len(chunk) + 1):
+            sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        assert read_response(sock, bytearray())[0] == 413
 
 
 def test_a_crashing_handler_answers_500_and_the_connection_lives(served: Served) -> None:
