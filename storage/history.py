@@ -129,17 +129,29 @@ class History:
         complete = meta.get("complete_from")
         # (a history without its record is whole from its oldest message only)
         self.complete_from: int | None = complete if type(complete) is int else None
-        self._recover()
+        clean = meta.get("clean")
+        self._recover(clean if isinstance(clean, list) and len(clean) == 3
+                      and all(type(v) is int for v in clean) else None)
         if self.complete_from is None:
             oldest = next((c for c in self._chunks if c.count), None)
             self.complete_from = (self._first_ns(oldest) or 0) if oldest is not None else 0
+        if clean is not None:  # (trusted once: appends after this open must be scanned)
+            self._write_meta()
 
     # ------------------------------------------------------------------ open
 
     def _file(self, number: int) -> str:
         return os.path.join(self.path, f"{number:06d}.dat")
 
-    def _recover(self) -> None:
+    def _write_meta(self, clean: list[int] | None = None) -> None:
+        meta: dict[str, object] = {"complete_from": self.complete_from or 0}
+        if clean is not None:
+            meta["clean"] = clean
+        write_json(os.path.join(self.path, META), meta)
+
+    def _recover(self, clean: list[int] | None) -> None:
+        """Find the chunks; walk the last one to its last whole frame, unless `clean`
+        (``[number, end, count]``, what :meth:`close` recorded) still matches it."""
         numbers = sorted(int(name[:-4]) for name in os.listdir(self.path)
                          if name.endswith(".dat") and name[:-4].isdigit())
         for i, number in enumerate(numbers):
@@ -153,6 +165,12 @@ class History:
                 continue
             if header.sealed and not last:
                 self._chunks.append(_Chunk(number, os.path.getsize(path), header.count))
+                continue
+            if last and not header.sealed and clean is not None and clean[0] == number \
+                    and os.path.getsize(path) == clean[1]:  # closed cleanly: no walk
+                self._writer = ChunkWriter(path, number, self.chunk_bytes, create=False,
+                                           end=clean[1], count=clean[2])
+                self._chunks.append(_Chunk(number, clean[1], clean[2]))
                 continue
             result = scan(path, self.max_record)
             if not result.clean and not result.torn:
@@ -271,18 +289,19 @@ class History:
                 if not (too_big or too_old):
                     break
                 gone = chunks.pop(0)
+                # whole from after the newest message deleted (at most the next's first),
+                # recorded before the file goes: a crash between them must not leave a
+                # record that claims what is gone
+                first = self._first_ns(chunks[0])
+                if first is not None and first + 1 > (self.complete_from or 0):
+                    self.complete_from = first + 1
+                    self._write_meta()
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self._file(gone.number))
                 deleted += 1
             if deleted:
                 self.deleted_chunks += deleted
                 self._dir_dirty = True
-                # whole from after the newest message deleted (at most the next's first)
-                first = self._first_ns(chunks[0])
-                if first is not None and first + 1 > (self.complete_from or 0):
-                    self.complete_from = first + 1
-                    write_json(os.path.join(self.path, META),
-                               {"complete_from": self.complete_from})
         return deleted
 
     def _bytes(self) -> int:
@@ -446,14 +465,20 @@ class History:
         with self._lock:
             if self._closed:
                 return
+            clean = None
             try:
                 if sync and not self.failed:
                     self._sync_locked()
+                    w = self._writer
+                    if w is not None:  # cut to its data, so the next open need not walk it
+                        clean = [w.number, w.end, w.count]
             finally:
                 self._closed = True
                 if self._writer is not None:
-                    self._writer.close()
+                    self._writer.close(truncate=clean is not None)
                     self._writer = None
+            if clean is not None:
+                self._write_meta(clean)
 
     def delete(self) -> None:
         """Remove the history and its directory."""

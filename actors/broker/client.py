@@ -356,6 +356,9 @@ class ClientActor(Actor):
                         reply = self.ask(f"topic:{topic}",
                                          ChannelRewind(channel, msg.since_ns, msg.message_id),
                                          timeout=REWIND_TIMEOUT)
+                except TimeoutError as e:  # (it goes on: kept in the topic's metadata)
+                    raise BrokerError(f"REWIND still under way after {REWIND_TIMEOUT:g}s",
+                                      code="E_REWIND_IN_PROGRESS", fatal=False) from e
                 except Exception as e:  # the topic's worker is down or restarting
                     raise invalid(f"REWIND failed: {e}") from e
                 if isinstance(reply, tuple):

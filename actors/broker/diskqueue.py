@@ -283,6 +283,7 @@ class DiskQueueActor(Actor):
         self.queue: DiskQueue | NullQueue | None = None
         self.delayed: DelayedStore | None = None
         self.history: History | None = None
+        self.closed_history_stats: dict[str, int] | None = None  # as it was closed idle
         # channel -> (position, when): where a rewind reads next; trims keep from there
         self.rewind_floors: dict[str, tuple[int, float]] = {}
         self.group_commit = options.sync_every == 1
@@ -376,8 +377,9 @@ class DiskQueueActor(Actor):
     def _close(self, *, sync: bool = True) -> None:
         if self.queue is not None:
             self.queue.close(sync=sync)
-        if self.history is not None:
-            self.history.close(sync=sync)
+        if self.history is not None:  # (synced even when the queue need not be: it may
+            self.closed_history_stats = self.history.stats()  # have writes the queue has
+            self.history.close()  # not, at DqOpen's release)
         if self.delayed is not None:
             if self.delayed.depth():
                 self.delayed.close()
@@ -475,6 +477,7 @@ class DiskQueueActor(Actor):
                     shutil.rmtree(history_path(self.options.data_path, queue_name(self.owner)),
                                   ignore_errors=True)
                 self.queue, self.delayed, self.history = None, None, None
+                self.closed_history_stats = None
                 self.stop()  # nothing left to own; a reused name starts afresh
             case DqStats():
                 stats = q.stats()
@@ -492,6 +495,8 @@ class DiskQueueActor(Actor):
         """The history's messages (it opens on the first; the queue stays as it is)."""
         path = history_path(self.options.data_path, queue_name(self.owner))
         if self.history is None:
+            if type(msg) is DqHistoryStats and self.closed_history_stats is not None:
+                return self.closed_history_stats  # (closed while idle: nothing changed)
             if type(msg) is not DqRetain and not os.path.isdir(path):
                 if type(msg) is DqHistoryRead:  # (deleted meanwhile: the rewind ends)
                     self.tell(msg.reply_to, DqHistoryBatch(msg.channel, [], msg.end))
@@ -500,6 +505,7 @@ class DiskQueueActor(Actor):
             self._arm_idle_timer()
             self.history = _open_history(path, self.options,
                                          msg.created_ns if type(msg) is DqRetain else 0)
+            self.closed_history_stats = None
         history = self.history
         match msg:
             case DqRetain(records=records, confirms=confirms):
@@ -515,6 +521,7 @@ class DiskQueueActor(Actor):
                 else:  # retention turned off: what was kept goes
                     history.delete()
                     self.history = None
+                    self.closed_history_stats = None
             case DqHistoryStats():
                 return history.stats()
             case DqHistoryFind(since_ns=since_ns, message_id=message_id):

@@ -320,9 +320,8 @@ class TopicActor(Actor):
                 self._channel(channel, "pause")
         if self.exists:
             age, size = self._retention()
-            if (age or size) and meta is not None and not self.history_since \
-                    and not os.path.isdir(self.history_path):
-                # retention newly turned on for a topic that published without it
+            if (age or size) and meta is not None and not os.path.isdir(self.history_path):
+                # retention (newly, or again) on for a topic that published without it
                 self.history_since = self.clock()
                 self._write_meta()
             self._arm_retention()
@@ -427,7 +426,10 @@ class TopicActor(Actor):
             case PublishEncoded(messages=messages):
                 self._ensure_exists()
                 self.message_count += len(messages)
-                self._retain(list(messages), None)
+                # (in the history at the time they come here: it is kept in that order,
+                # and a dead letter carries the time it was first published elsewhere)
+                stamp = self.clock().to_bytes(8, "big")
+                self._retain([stamp + m[8:] for m in messages], None)
                 self._route(list(messages))
             case RetentionTick(generation=generation):
                 if generation != self.ticking:

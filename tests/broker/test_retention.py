@@ -436,3 +436,26 @@ def test_rewind_over_zeromq_answers_how_many_and_refusals_keep_the_session(tmp_p
         assert _drain(b, "t", "c", 3) == [b"x1", b"x2", b"x3"]
     finally:
         b.stop()
+
+
+def test_a_dead_letter_enters_its_topics_history_at_the_time_it_comes(tmp_path):
+    b = Broker(broker_options(tmp_path / "data", retention_bytes=10_000_000,
+                              max_attempts=1)).start()
+    try:
+        b.topic_command("orders", "hello")
+        b.topic_command("orders", "create_channel", "c")
+        b.topic_command("orders.dead", "hello")
+        b.publish("orders", [b"poison"])
+        published = _topic(b, "orders")["oldest_retained_timestamp"]
+
+        def refuse(m: Message) -> None:
+            m.requeue(0)  # (max_attempts 1: its next delivery would be the second)
+
+        with Consumer("orders", "c", refuse, b.zmq_endpoint):
+            wait_for(lambda: _topic(b, "orders.dead")["message_count"] == 1,
+                     what="the dead letter")
+        # its history keeps it in the order it came, not at its first publish's time
+        wait_for(lambda: _topic(b, "orders.dead")["oldest_retained_timestamp"] > published,
+                 what="the dead letter in its topic's history")
+    finally:
+        b.stop()

@@ -310,3 +310,26 @@ def test_trim_keeps_what_a_reader_still_has_to_read(tmp_path: Path) -> None:
     h.trim(now_ns=0, max_bytes=1)
     assert h.stats()["chunks"] == 1
     h.close()
+
+
+def test_a_clean_close_spares_the_next_open_its_walk_and_a_crash_does_not(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "t.history"
+    h = open_history(path, chunk_bytes=1 << 20)
+    h.append([record(SECOND + i) for i in range(100)])
+    h.close()
+    walked: list[str] = []
+    import storage.history as module
+
+    real_scan = module.scan
+    monkeypatch.setattr(module, "scan", lambda p, m: walked.append(p) or real_scan(p, m))
+    h = open_history(path, chunk_bytes=1 << 20)
+    assert (walked, h.stats()["retained_messages"]) == ([], 100)
+    h.append([record(SECOND + 100)])
+    h.sync()
+    h._writer.map.close()  # (a crash: no clean close this time)
+    os.close(h._writer._fd)
+    h = open_history(path, chunk_bytes=1 << 20)  # the record was used once: walked now
+    assert len(walked) == 1
+    assert h.stats()["retained_messages"] == 101
+    h.close()
