@@ -268,7 +268,9 @@ class Producer:
         what its `topic`'s history kept from `start` on -- unix milliseconds, an RFC 3339
         time, or a message id (16 hex characters) -- and this returns how many messages
         they queued in all.  Raises `BrokerRefused` (``E_NOT_RETAINED``: a broker's
-        history does not hold all of it) or `PublishError` (no answer in `timeout`)."""
+        history does not hold all of it) or `PublishError` (no answer in `timeout`).
+        The brokers are asked one after the other: a refusal by one comes after those
+        before it have queued theirs."""
         since_ns, message_id = parse_from(str(start))
         command = pc.Rewind(topic, channel, since_ns, message_id)
         total = 0
