@@ -350,12 +350,10 @@ class ClientActor(Actor):
                 # The channel is created if need be (a drain rebuilding a table from
                 # history starts on a new one); the topic must exist: it has the history.
                 try:
-                    reply = self.ask(f"topic:{topic}", TopicCommand("create_channel", channel),
-                                     timeout=SUB_TIMEOUT)
-                    if reply is None:
-                        reply = self.ask(f"topic:{topic}",
-                                         ChannelRewind(channel, msg.since_ns, msg.message_id),
-                                         timeout=REWIND_TIMEOUT)
+                    reply = self.ask(f"topic:{topic}",
+                                     ChannelRewind(channel, msg.since_ns, msg.message_id,
+                                                   create=True),
+                                     timeout=REWIND_TIMEOUT)
                 except TimeoutError as e:  # (it goes on: kept in the topic's metadata)
                     raise BrokerError(f"REWIND still under way after {REWIND_TIMEOUT:g}s",
                                       code="E_REWIND_IN_PROGRESS", fatal=False) from e

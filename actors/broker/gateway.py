@@ -132,11 +132,13 @@ class GatewayFacade:
         return {**reply, "tags": list(reply["tags"])}
 
     def channel_rewind(self, topic: str, channel: str, since_ns: int = 0,
-                       message_id: str = "") -> dict[str, Any]:
+                       message_id: str = "", *, create: bool = False,
+                       tags: list[str] | None = None) -> dict[str, Any]:
         # (a long rewind may outlast an answer: it goes on, kept in the topic's metadata)
-        reply = current_endpoint().ask(f"topic:{topic}",
-                                       ChannelRewind(channel, since_ns, message_id),
-                                       REWIND_TIMEOUT)
+        reply = current_endpoint().ask(
+            f"topic:{topic}", ChannelRewind(channel, since_ns, message_id, create,
+                                            tuple(tags) if tags is not None else None),
+            REWIND_TIMEOUT)
         if isinstance(reply, tuple):
             _raise(reply)
         return dict(reply)

@@ -258,6 +258,10 @@ class ChannelRewind:
     channel: str
     since_ns: int = 0
     message_id: str = ""
+    create: bool = False
+    """Create the channel (with the tag filter `tags`, if given) if it does not exist:
+    it then starts from there, and does not take what the topic held meanwhile."""
+    tags: tuple[str, ...] | None = None
 
 
 @message

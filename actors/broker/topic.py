@@ -459,9 +459,10 @@ class TopicActor(Actor):
                 self._drain()
             case ChannelGone(channel=channel):
                 self._delete_channel(channel)
-            case ChannelRewind(channel=channel, since_ns=since_ns, message_id=message_id):
+            case ChannelRewind(channel=channel, since_ns=since_ns, message_id=message_id,
+                               create=create, tags=tags):
                 try:
-                    return self._rewind(channel, since_ns, message_id)
+                    return self._rewind(channel, since_ns, message_id, create, tags)
                 except BrokerError as e:
                     return e.to_wire()
             case DqHistoryBatch(channel=channel, records=records, next=nxt):
@@ -807,13 +808,20 @@ class TopicActor(Actor):
 
     # ------------------------------------------------------------------- replay
 
-    def _rewind(self, channel: str, since_ns: int, message_id: str) -> Any:
+    def _rewind(self, channel: str, since_ns: int, message_id: str, create: bool = False,
+                tags: Sequence[str] | None = None) -> Any:
         """ChannelRewind: find where it starts in the history, keep it in the metadata
         (so that a crash does not stop it halfway), then feed the channel in batches;
-        answered when every batch is queued."""
+        answered when every batch is queued.  With `create`, a new channel (filtered
+        by `tags`) is made once the history is known to hold all of it."""
         if not self.exists:
             raise BrokerError(f"topic {self.topic} not found", code="E_TOPIC_NOT_FOUND")
-        if channel not in self.channels:
+        new = create and channel not in self.channels
+        if new:
+            if not is_valid_channel_name(channel):
+                raise bad_channel(channel, "CREATE_CHANNEL")
+            wanted = _checked_tags(tags) if tags else None
+        elif channel not in self.channels:
             raise BrokerError(f"channel {channel} not found", code="E_CHANNEL_NOT_FOUND")
         if channel in self.rewinds:
             raise BrokerError(f"channel {channel} is being rewound already",
@@ -827,12 +835,34 @@ class TopicActor(Actor):
         if not message_id and since_ns < complete_from:
             raise BrokerError(f"the history is whole only from {complete_from} ns",
                               code="E_NOT_RETAINED", fatal=False)
+        if new:
+            self._create_from(channel, wanted)
         if start >= end:
             return {"messages": 0}
         self.rewinds[channel] = _Rewind(start, end, 0, self.defer_reply())
         self._write_meta()  # (answered or not, it now happens: a restart goes on with it)
         self._rewind_next(channel)
         return None
+
+    def _create_from(self, channel: str, wanted: frozenset[str] | None) -> None:
+        """A channel that starts from a point of the history.  If it is the topic's first,
+        what the topic held for want of a channel is not handed to it, as nsqd's first
+        channel would take it: what of that is from the point on comes from the history,
+        the rest is before it.  (With nobody else to take it, it is dropped: deferred
+        ones too, which the history replays at once.)"""
+        if not self.channels and (self.memory or self.disk_depth or self.deferred):
+            log.info("%s: channel %s starts from the history: the %d messages held for "
+                     "want of a channel are not handed to it", self.name, channel,
+                     len(self.memory) + self.disk_depth + len(self.deferred))
+            self.memory.clear()
+            if self.disk_depth or self.deferred_on_disk:
+                self.tell(self.dq, DqEmpty())
+            self.disk_depth = self.put_since_read = 0
+            self.deferred, self.deferred_on_disk = [], False
+        if wanted:
+            self.filters[channel] = wanted
+        self._command("create_channel", channel)
+        self._write_meta()
 
     def _rewind_next(self, channel: str) -> None:
         r = self.rewinds[channel]

@@ -459,3 +459,27 @@ def test_a_dead_letter_enters_its_topics_history_at_the_time_it_comes(tmp_path):
                  what="the dead letter in its topic's history")
     finally:
         b.stop()
+
+
+def test_a_first_channel_created_from_x_does_not_also_take_what_the_topic_held(tmp_path):
+    b = Broker(broker_options(tmp_path / "data", retention_bytes=10_000_000,
+                              mem_queue_size=2)).start()
+    try:
+        # Given a topic without channels holding 5 messages (memory and disk)
+        b.topic_command("t", "hello")
+        b.publish("t", [b"h%d" % i for i in range(5)])
+        assert _topic(b, "t")["depth"] == 5
+        # When its first channel is created from the start, filtered
+        status, raw = call(b, "POST", "/channel/create?topic=t&channel=c&from=0&tags=")
+        # Then it receives each message once, from the history; the topic holds nothing
+        assert (status, json.loads(raw)) == (200, {"messages": 5})
+        assert _drain(b, "t", "c", 5) == [b"h%d" % i for i in range(5)]
+        wait_for(lambda: _topic(b, "t")["depth"] == 0, what="nothing held")
+        assert _topic(b, "t")["channels"][0]["depth"] == 0
+        # and over ZeroMQ, on a topic that has a channel: the new one starts from there
+        b.publish("t", [b"later"])
+        with Producer(b.zmq_endpoint) as p:
+            assert p.rewind("t", "fresh", 0) == 6
+        assert _drain(b, "t", "fresh", 6) == [b"h%d" % i for i in range(5)] + [b"later"]
+    finally:
+        b.stop()

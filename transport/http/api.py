@@ -117,9 +117,11 @@ class BrokerFacade(Protocol):
         ...
 
     def channel_rewind(self, topic: str, channel: str, since_ns: int = 0,
-                       message_id: str = "") -> dict[str, Any]:
+                       message_id: str = "", *, create: bool = False,
+                       tags: list[str] | None = None) -> dict[str, Any]:
         """Queue again on the channel the retained messages published at or after
-        `since_ns` (or from the message `message_id`): ``{"messages": N}``.  Raises
+        `since_ns` (or from the message `message_id`): ``{"messages": N}``; with
+        `create`, a new channel (filtered by `tags`) starts there.  Raises
         ``E_TOPIC_NOT_FOUND``, ``E_CHANNEL_NOT_FOUND``, ``E_NOT_RETAINED``,
         ``E_REWIND_IN_PROGRESS``."""
         ...
@@ -429,13 +431,13 @@ def _command_handler(command: str, *, channel: bool) -> _Handler:
         tags = _tags_arg(request) if command == "create_channel" else None
         start = _from_arg(request) if command == "create_channel" else None
         try:
+            if start is not None:  # (#21: a channel that starts from X, filtered at once)
+                rewind = functools.partial(facade.channel_rewind, create=True, tags=tags)
+                return v1(await call(request, rewind, topic, channel_name, *start))
             if tags is not None:  # (created with its filter at once: no message slips by)
                 await call(request, facade.channel_tags, topic, channel_name, tags, True)
             else:
                 await call(request, facade.topic_command, topic, command, channel_name)
-            if start is not None:  # (#21: a channel that starts from X)
-                return v1(await call(request, facade.channel_rewind, topic, channel_name,
-                                     *start))
         except Exception as e:
             raise _map_error(e, _COMMAND_ERRORS, f"{request.path}") from e
         return v1()
