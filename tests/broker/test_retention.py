@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import threading
 from pathlib import Path
@@ -481,5 +482,50 @@ def test_a_first_channel_created_from_x_does_not_also_take_what_the_topic_held(t
         with Producer(b.zmq_endpoint) as p:
             assert p.rewind("t", "fresh", 0) == 6
         assert _drain(b, "t", "fresh", 6) == [b"h%d" % i for i in range(5)] + [b"later"]
+    finally:
+        b.stop()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_publish_consume_and_rewind_against_a_model(tmp_path, seed):
+    """Random runs of publishes, consumption (every message FINed) and rewinds by time or
+    by message id: each rewind queues exactly the history from its point on, and each
+    consumption receives exactly what the model says is queued, no more, no less."""
+    rng = random.Random(seed)
+    b = Broker(broker_options(tmp_path / "data", retention_bytes=100_000_000,
+                              mem_queue_size=rng.choice([0, 7, 10_000]))).start()
+    try:
+        b.topic_command("t", "hello")
+        b.topic_command("t", "create_channel", "c")
+        published: list[bytes] = []  # bodies, in publish order
+        ids: dict[bytes, bytes] = {}  # body -> its id (once a consumer has seen it)
+        queued: list[bytes] = []  # what the channel holds, by the model
+        for step in range(24):
+            op = rng.choice(["publish", "publish", "consume", "rewind"])
+            if op == "publish":
+                bodies = [b"s%d-%d" % (step, i) for i in range(rng.randint(1, 30))]
+                b.publish("t", bodies)
+                published += bodies
+                queued += bodies
+            elif op == "consume":
+                got, n = Collector(), len(queued)
+                with Consumer("t", "c", got, b.zmq_endpoint):
+                    wait_for(lambda got=got, n=n: len(got.bodies) >= n, what=f"{n} messages")
+                    wait_for(lambda: _topic(b, "t")["channels"][0]["in_flight_count"] == 0,
+                             what="all FINed")
+                assert sorted(got.bodies) == sorted(queued)
+                ids.update((body, i) for body, i in zip(got.bodies, got.ids, strict=True)
+                           if body not in ids)
+                queued = []
+            elif published:
+                k = rng.randrange(len(published))
+                if published[k] in ids and rng.random() < 0.7:  # by id, else from the start
+                    start = ids[published[k]].decode()
+                else:
+                    start, k = "0", 0
+                status, answer = _rewind(b, f"topic=t&channel=c&from={start}")
+                assert (status, answer) == (200, {"messages": len(published) - k})
+                queued += published[k:]
+        assert _topic(b, "t")["channels"][0]["depth"] == len(queued)
     finally:
         b.stop()
