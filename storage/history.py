@@ -49,9 +49,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import mmap
 import os
 import shutil
+import struct
 import threading
+from array import array
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -83,6 +87,11 @@ log = logging.getLogger(__name__)
 SUFFIX = ".history"
 """The history of topic T is the directory ``T.history`` in the data directory."""
 
+INDEX_SPACING = 32 * 1024
+"""Bytes of a chunk between two entries of its index: a lookup reads about that much."""
+
+_U32 = struct.Struct("<I")
+
 META = "history.json"
 READ_BYTES = 1 << 20
 """What one read takes from a chunk file at a time (more for a frame that is larger)."""
@@ -94,6 +103,11 @@ class _Chunk:
     size: int  # bytes of the file
     count: int  # messages
     first_ns: int | None = None  # the first message's timestamp, once read
+    first_key: int | None = None  # the first message's key (find_key), once read
+    index: tuple[array[int], array[int]] | None = None
+    """Sparse index for `find_key`: keys of a frame's first record, and frame offsets,
+    a frame every `INDEX_SPACING` bytes at least (kept as appended; else built by a
+    walk of the chunk on first need)."""
 
 
 class History:
@@ -103,12 +117,13 @@ class History:
     def __init__(self, path: str, *, chunk_bytes: int, max_record: int,
                  timestamp: Callable[[bytes], int], sync_timeout: float = 2.0,
                  max_chunk_age_ns: int = 0, syncer: Syncer = SYNCER,
-                 created_ns: int = 0) -> None:
+                 created_ns: int = 0, key: Callable[[bytes], int] | None = None) -> None:
         self.path = path
         self.chunk_bytes = chunk_bytes
         self.max_record = max_record
         self.max_chunk_age_ns = max_chunk_age_ns
         self._timestamp = timestamp
+        self._key = key  # a record's sortable key (the broker's: its message id)
         self._sync_timeout = sync_timeout
         self._syncer = syncer
         self._lock = threading.Lock()
@@ -206,9 +221,14 @@ class History:
             for messages, lengths in groups:
                 body = batch_body(messages, lengths)
                 w = self._room(len(body) + RECORD_OVERHEAD, messages[0])
-                w.append_batch(body, len(messages))
+                offset = w.append_batch(body, len(messages))
                 current = self._chunks[-1]
                 current.size, current.count = w.end, w.count
+                index = current.index
+                if index is not None and self._key is not None and (
+                        not index[1] or offset - index[1][-1] >= INDEX_SPACING):
+                    index[0].append(self._key(messages[0]))
+                    index[1].append(offset)
                 if current.first_ns is None:
                     current.first_ns = self._timestamp(messages[0])
             if not self._sync_scheduled:
@@ -230,7 +250,7 @@ class History:
             self._sealed.append(w.path)
             self._chunks[-1].size = w.end
         self._writer = nxt
-        self._chunks.append(_Chunk(number, nxt.end, 0))
+        self._chunks.append(_Chunk(number, nxt.end, 0, index=(array("q"), array("q"))))
         return nxt
 
     def _aged(self, first: bytes) -> bool:
@@ -429,9 +449,14 @@ class History:
 
     def find_id(self, message_id: bytes, id_of: Callable[[bytes], bytes],
                 near_ns: int) -> int | None:
-        """The position of the record whose id is `message_id`, looked for from the
-        first record published at `near_ns` or just before (the time in the id); None
-        if it is not kept."""
+        """The position of the record whose id is `message_id`; None if it is not kept.
+        With a `key`, by the chunks' sparse indexes (keys grow in history order);
+        otherwise, or if that misses (keys out of order: a dead letter's), from the
+        first record published at `near_ns` or just before (the time in the id)."""
+        if self._key is not None:
+            found = self.find_key(int(message_id, 16), lambda r: id_of(r) == message_id)
+            if found is not None:
+                return found
         position = self.seek(near_ns - 1_000_000_000)  # (a second of slack for clocks)
         while True:
             items, nxt = self.read(position, 4096)
@@ -443,6 +468,72 @@ class History:
                 if self._timestamp(record) > near_ns + 1_000_000_000:
                     return None
             position = nxt
+
+    def find_key(self, key: int, match: Callable[[bytes], bool]) -> int | None:
+        """The position of the record `match` accepts, among those whose chunk and
+        index entry say they may hold `key`: a binary search over the chunks by their
+        first record's key, then over the chunk's index, then a read of about
+        `INDEX_SPACING` bytes.  None if it is not there."""
+        assert self._key is not None
+        with self._lock:
+            chunks = [c for c in self._chunks if c.count]
+            lo, hi = 0, len(chunks)  # the last chunk whose first key is at most `key`
+            while lo < hi:
+                mid = (lo + hi) // 2
+                first = self._first_key(chunks[mid])
+                if first is not None and first <= key:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            if lo == 0:
+                return None
+            chunk = chunks[lo - 1]
+            keys, offsets = chunk.index or self._walk_index(chunk)
+            i = bisect_right(keys, key) - 1
+            if i < 0:
+                return None
+            start = offsets[i]
+            end = offsets[i + 1] if i + 1 < len(offsets) else chunk.size
+            out: list[tuple[int, bytes]] = []
+            offset, index, stop = start, 0, make_position(chunk.number, end)
+            while offset < end:  # (a read stops at 1 MiB: go on to the entry's end)
+                offset, index = self._read_chunk(chunk, offset, index, limit=1 << 30,
+                                                 stop=stop, out=out)
+                if make_position(chunk.number, offset, index) >= stop or not out:
+                    break
+        return next((p for p, r in out if match(r)), None)
+
+    def _first_key(self, chunk: _Chunk) -> int | None:
+        if chunk.first_key is None and self._key is not None:
+            first = self._first_record(chunk.number)
+            if first is not None:
+                chunk.first_key = self._key(first)
+        return chunk.first_key
+
+    def _walk_index(self, chunk: _Chunk) -> tuple[array[int], array[int]]:
+        """Build `chunk`'s sparse index from its file (each frame's head, and its first
+        record's key), once; kept while the history is open."""
+        assert self._key is not None
+        keys, offsets = array("q"), array("q")
+        with open(self._file(chunk.number), "rb") as f, \
+                mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            offset, end = HEADER_SIZE, min(chunk.size, len(data))
+            while offset + RECORD_OVERHEAD <= end:
+                field = RECORD_HEAD.unpack_from(data, offset)[0]
+                length = field & LENGTH_MASK
+                if not offsets or offset - offsets[-1] >= INDEX_SPACING:
+                    body = offset + 8
+                    if field & BATCH_FLAG:
+                        k = _U32.unpack_from(data, body)[0]
+                        first = body + 4 + 4 * k
+                        first_record = data[first:first + _U32.unpack_from(data, body + 4)[0]]
+                    else:
+                        first_record = data[body:body + length]
+                    keys.append(self._key(first_record))
+                    offsets.append(offset)
+                offset += length + RECORD_OVERHEAD
+        chunk.index = (keys, offsets)
+        return chunk.index
 
     # ------------------------------------------------------------------ look
 

@@ -655,4 +655,9 @@ def _open_history(path: str, options: BrokerOptions, created_ns: int) -> History
     return History(path, chunk_bytes=options.max_bytes_per_file,
                    max_record=options.max_msg_size + RECORD_OVERHEAD,
                    timestamp=record_timestamp, sync_timeout=options.sync_timeout,
-                   created_ns=created_ns)
+                   created_ns=created_ns, key=_id_key)
+
+
+def _id_key(record: bytes) -> int:
+    """A record's message id as a number: ids grow as a topic publishes."""
+    return int(record_id(record), 16)

@@ -333,3 +333,36 @@ def test_a_clean_close_spares_the_next_open_its_walk_and_a_crash_does_not(
     assert len(walked) == 1
     assert h.stats()["retained_messages"] == 101
     h.close()
+
+
+def test_find_key_finds_a_record_by_a_binary_search_of_chunks_and_their_indexes(
+        tmp_path: Path) -> None:
+    path = tmp_path / "t.history"
+
+    def key(r: bytes) -> int:
+        return int(r[8:16])
+
+    def rec(n: int) -> bytes:
+        return struct.pack(">Q", SECOND + n) + b"%08d" % n + b"x" * 200
+
+    h = History(str(path), chunk_bytes=256 * 1024, max_record=1 << 20, timestamp=timestamp,
+                syncer=Syncer(), key=key)
+    n = 0
+    for size in [1, 7, 200, 3, 50] * 40:  # frames of several sizes, many chunks
+        h.append([rec(i) for i in range(n, n + size)])
+        n += size
+    assert h.stats()["chunks"] > 3
+
+    def found(k: int) -> bytes | None:
+        position = h.find_key(k, lambda r: key(r) == k)
+        return None if position is None else h.read(position, 1)[0][0][1]
+
+    for k in (0, 1, 7, 999, n // 2, n - 1):  # (indexes kept as appended)
+        assert found(k) == rec(k)
+    assert found(n) is None
+    h.close()
+    h = History(str(path), chunk_bytes=256 * 1024, max_record=1 << 20, timestamp=timestamp,
+                syncer=Syncer(), key=key)
+    for k in (0, 5, 1234, n - 1):  # (indexes built by a walk of each chunk)
+        assert found(k) == rec(k)
+    h.close()
