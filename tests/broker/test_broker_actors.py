@@ -50,6 +50,15 @@ def wait_for(check: Callable[[], Any], timeout: float = 10.0, what: str = "condi
         time.sleep(0.02)
 
 
+
+def kill_worker(broker: Broker, name: str = "worker-0") -> None:
+    """kill -9 a worker node and wait for the supervisor to have started it again."""
+    worker = next(p for p in broker.supervisor.ps() if p.name == name)
+    os.kill(worker.pid, signal.SIGKILL)
+    wait_for(lambda: next(p for p in broker.supervisor.ps()
+                          if p.name == name).pid not in (None, worker.pid),
+             what=f"{name}'s restart")
+
 class Client:
     """Drives a `client:<id>` actor like a connection would."""
 

@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import random
-import signal
 import threading
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from actors.broker import Broker
 from storage.chunk import HEADER_SIZE, iter_messages, make_position
 from storage.history import History
 from tests.broker.conftest import broker_options
-from tests.broker.test_broker_actors import wait_for
+from tests.broker.test_broker_actors import kill_worker, wait_for
 from tests.broker.test_http_broker import call
 from transport.client import BrokerRefused, Consumer, Message, Producer
 
@@ -204,11 +203,7 @@ def test_what_a_durable_publish_acknowledged_is_in_the_history_after_a_worker_ki
         for i in range(20):
             b.publish("t", [b"m%02d" % i])
         # When its worker is killed (kill -9: nothing flushed on the way out)
-        worker = next(p for p in b.supervisor.ps() if p.name == "worker-0")
-        os.kill(worker.pid, signal.SIGKILL)
-        wait_for(lambda: next(p for p in b.supervisor.ps()
-                              if p.name == "worker-0").pid not in (None, worker.pid),
-                 what="the worker's restart")
+        kill_worker(b)
         # Then the history has every one, and goes on after them
         b.publish("t", [b"after"])
         wait_for(lambda: _topic(b, "t")["retained_bytes"] > 0, what="the history")
@@ -406,11 +401,7 @@ def test_a_rewind_killed_halfway_completes_after_the_restart(tmp_path):
         wait_for(lambda: progress() > 0, what="the rewind under way")
         assert progress() < total  # (halfway, not done)
         # When the worker is killed
-        worker = next(p for p in b.supervisor.ps() if p.name == "worker-0")
-        os.kill(worker.pid, signal.SIGKILL)
-        wait_for(lambda: next(p for p in b.supervisor.ps()
-                              if p.name == "worker-0").pid not in (None, worker.pid),
-                 what="the worker's restart")
+        kill_worker(b)
         # Then the rewind goes on to its end: the channel has every message twice (once
         # more for a batch queued just before the kill, at most)
         wait_for(lambda: "rewinds" not in json.loads(meta_path.read_text()), timeout=30,

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 from collections.abc import Iterator
 
 import pytest
@@ -12,7 +10,7 @@ import pytest
 from actors.broker import Broker
 from actors.broker.errors import BrokerError
 from tests.broker.conftest import broker_options
-from tests.broker.test_broker_actors import wait_for
+from tests.broker.test_broker_actors import kill_worker, wait_for
 from tests.broker.test_http_broker import call, stats
 from tests.broker.test_zmq_broker import Collector
 from transport.client import BrokerRefused, Consumer, Producer
@@ -257,11 +255,7 @@ def test_an_ephemeral_channel_keeps_its_filter_when_a_worker_restart_revives_it(
         wait_for(lambda: _depths(broker, "e") == {"reds#ephemeral": 0}, what="the channel")
         # When the worker is killed: the topic comes back from its metadata, and the
         # consumer's subscription revives the ephemeral channel
-        worker = next(p for p in broker.supervisor.ps() if p.name == "worker-0")
-        os.kill(worker.pid, signal.SIGKILL)
-        wait_for(lambda: next(p for p in broker.supervisor.ps()
-                              if p.name == "worker-0").pid not in (None, worker.pid),
-                 what="the worker's restart")
+        kill_worker(broker)
         wait_for(lambda: "reds#ephemeral" in _depths(broker, "e"), timeout=20,
                  what="the channel revived")
         # Then it still takes only red

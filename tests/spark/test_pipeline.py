@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 
 from tests.chaos.harness import BrokerProcess
 from tests.spark.conftest import start_broker
-from transport.client import Message, Producer, discover
+from transport.client import Consumer, Message, Producer, discover
 from transport.spark import (
     PartitionPublisher,
     PublishCounters,
@@ -573,15 +573,25 @@ def test_a_drain_from_a_time_rebuilds_a_table_from_the_topics_history(spark, bro
     post("/topic/create?topic=history")
     post("/channel/create?topic=history&channel=live")  # (its consumers took them)
     post("/topic/config?topic=history&retention_bytes=100000000")
-    since_ms = time.time_ns() // 1_000_000 + 1
-    time.sleep(0.002)
     bodies = [json.dumps({"id": i, "name": f"n{i}"}).encode() for i in range(50)]
     with Producer(broker.zmq_endpoint) as p:
         p.publish_batch("history", bodies)
+    # (the id of the first, from the live channel's consumer: where the rebuild starts)
+    seen: dict[bytes, bytes] = {}
+    done = threading.Event()
+
+    def take(m: Message) -> None:
+        seen[m.body] = m.id
+        if len(seen) == len(bodies):
+            done.set()
+
+    with Consumer("history", "live", take, broker.zmq_endpoint):
+        assert done.wait(30)
+    first_id = seen[bodies[0]].decode()
     # When a drain on a channel that did not exist then starts from that time
     out = tmp_path / "rebuilt"
     result = drain_to_parquet(spark, "history", "rebuild", broker.zmq_endpoint, str(out),
-                              schema=SCHEMA, idle_timeout=3, batch_timeout=1, from_=since_ms)
+                              schema=SCHEMA, idle_timeout=3, batch_timeout=1, from_=first_id)
     # Then the table has every row published since
     assert (result.rewound, result.rows) == (50, 50)
     assert sorted(read_ids(spark, out)) == list(range(50))
