@@ -42,9 +42,9 @@ def _time(h: History, ids: list[bytes]) -> list[float]:
     out = []
     for message_id in ids:
         started = time.perf_counter()
-        position = h.find_id(message_id, record_id, 0)
+        found = h.find_id(message_id, record_id, 0)
         out.append((time.perf_counter() - started) * 1000)
-        assert position is not None, message_id
+        assert found is not None, message_id
     return out
 
 

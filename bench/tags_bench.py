@@ -72,10 +72,12 @@ def one(case: str, topic: str, http: int, zmq: str, bodies: list[bytes]) -> floa
 
 
 @contextlib.contextmanager
-def launched_broker(*flags: str) -> Iterator[tuple[int, str]]:
+def launched_broker(*flags: str, data: str = "") -> Iterator[tuple[int, str]]:
     """``python -m actors.broker`` on free loopback ports and a fresh data directory
-    (plus `flags`), until the block ends; yields its HTTP port and ZeroMQ endpoint."""
-    data = tempfile.mkdtemp(prefix="bench")
+    (``<data>/d``; `data` is made and removed here if not given), plus `flags`, until
+    the block ends; yields its HTTP port and ZeroMQ endpoint."""
+    own = not data
+    data = data or tempfile.mkdtemp(prefix="bench")
     http, zmq = _port(), f"tcp://127.0.0.1:{_port()}"
     proc = subprocess.Popen([sys.executable, "-m", "actors.broker", f"--data-path={data}/d",
                              f"--http-address=127.0.0.1:{http}",
@@ -88,7 +90,8 @@ def launched_broker(*flags: str) -> Iterator[tuple[int, str]]:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
-        shutil.rmtree(data, ignore_errors=True)
+        if own:
+            shutil.rmtree(data, ignore_errors=True)
 
 
 def rounds(name: str, cases: tuple[str, ...], args: argparse.Namespace,

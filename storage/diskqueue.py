@@ -38,11 +38,13 @@ the ack journal; damaged data is kept beside them with a ``.bad`` suffix.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import errno
 import itertools
 import json
 import logging
+import mmap
 import os
 import re
 import shutil
@@ -70,6 +72,7 @@ from storage.chunk import (
     CorruptRecordError,
     batch_body,
     make_position,
+    read_record,
     scan,
     seal_file,
     split_batch,
@@ -91,6 +94,8 @@ MAX_FRAME_BODY = 1024 * 1024
 READ_AHEAD = 512
 #: The ack journal is rewritten once it holds this many entries (or 4x the live ones).
 JOURNAL_COMPACT_MIN = 65536
+#: `DiskQueue.find`: the frames one summary entry covers span at least this many bytes.
+FIND_SPAN = 32 * 1024
 META_VERSION = 2
 _pack_head = RECORD_HEAD.pack
 _pack_tail = RECORD_TAIL.pack
@@ -119,6 +124,49 @@ def _ack_record(positions: list[int]) -> bytes:
     """One journal record: count, CRC-32C, then the positions as u64 (one per ack)."""
     body = struct.pack(f"<{len(positions)}Q", *positions)
     return _ACK_HEAD.pack(len(positions), crc32(body)) + body
+
+
+class _Summary:
+    """A chunk's summary entries for `DiskQueue.find`: the frames from ``starts[i]`` to
+    ``ends[i]`` hold keys from ``leasts[i]`` to ``greatests[i]``.  While each entry's
+    keys are at least the previous entry's (`ordered`: a channel's ids), the entries
+    that may hold a key are found by bisection; otherwise each is looked at."""
+
+    __slots__ = ("done", "ends", "greatests", "leasts", "ordered", "sealed", "starts")
+
+    def __init__(self) -> None:
+        self.done = HEADER_SIZE  # summarised up to this offset
+        self.sealed = False  # summarised to the end of a sealed chunk
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.leasts: list[bytes] = []
+        self.greatests: list[bytes] = []
+        self.ordered = True
+
+    def add(self, start: int, end: int, least: bytes, greatest: bytes) -> None:
+        if self.greatests and least < self.greatests[-1]:
+            self.ordered = False
+        self.starts.append(start)
+        self.ends.append(end)
+        self.leasts.append(least)
+        self.greatests.append(greatest)
+
+    def spans(self, key: bytes) -> list[tuple[int, int]]:
+        """`(start, end)` of every entry whose range holds `key`, in file order."""
+        leasts, greatests = self.leasts, self.greatests
+        if not leasts:
+            return []
+        if self.ordered:
+            if key < leasts[0] or key > greatests[-1]:
+                return []
+            i = bisect.bisect_left(greatests, key)  # the first that may hold it
+            out = []
+            while i < len(leasts) and leasts[i] <= key:
+                out.append((self.starts[i], self.ends[i]))
+                i += 1
+            return out
+        return [(self.starts[i], self.ends[i]) for i in range(len(leasts))
+                if leasts[i] <= key <= greatests[i]]
 
 
 class DiskQueue:
@@ -201,6 +249,7 @@ class DiskQueue:
         self._skip: set[int] = set()
         self._journal_fd = -1
         self._journal_entries = 0
+        self._summaries: dict[int, _Summary] = {}  # chunk -> its summary, for `find`
         self._journal_torn = False  # an append failed (disk full): rewrite before the next
         # A file was created (a chunk, the ack journal) since the directory was last
         # fsynced: the next sync fsyncs it too, or a power cut may drop the new entry
@@ -769,6 +818,7 @@ class DiskQueue:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._chunk_path(n))
             self._counts.pop(n, None)
+            self._summaries.pop(n, None)
             self._oldest = n + 1
             deleted = True
         if deleted:
@@ -791,6 +841,7 @@ class DiskQueue:
         self._c["bad_files"] += 1
         self._c["lost_to_corruption"] += lost
         self._cache.forget(n)
+        self._summaries.pop(n, None)
         if self._view is not None:
             self._view.close()
             self._view = None
@@ -801,6 +852,128 @@ class DiskQueue:
         self._read += lost
         self._decoded += lost
         self._rdecoded += lost
+
+    # ------------------------------------------------------------------- find
+
+    def find(self, key: bytes, key_of: Callable[[bytes], bytes]) -> tuple[bytes, bool] | None:
+        """A message still in the queue whose ``key_of(payload) == key``: ``(payload,
+        read)``, `read` saying it was handed out and not acked (ack mode); None if none.
+        `key_of` gives a part of the payload (a frame is decoded only if it holds
+        `key`'s bytes somewhere).
+
+        The chunks from the floor to the write chunk are looked through by
+        *summaries*: an entry per run of frames spanning at least `FIND_SPAN`
+        bytes, with the least and the greatest key of its messages.  A chunk's
+        entries are made the first time a lookup passes over its frames (one
+        read of what the queue holds, then of what was written since) and kept
+        until the chunk goes, so nothing is added to a put.  A lookup decodes
+        only the entries whose range holds `key`: keys need not be in order
+        (a channel's are, but for messages written back at a stop), though the
+        fewer entries a key's range straddles, the less is read.
+        """
+        with self._rlock:
+            if self._closed:
+                raise QueueClosedError(f"queue {self.name} is closed")
+            floor = self._floor()[0]
+            with self._wlock:
+                assert self._writer is not None
+                wchunk, wend = self._wchunk, self._writer.end
+            for n in range(floor >> 48, wchunk + 1):
+                if n != wchunk and n not in self._counts:
+                    continue
+                summary = self._summary(n, wend if n == wchunk else None, key_of)
+                for start, end in summary.spans(key):
+                    if make_position(n, end) > floor:
+                        found = self._find_in(n, (start, end), key, key_of, floor)
+                        if found is not None:
+                            return found
+        return None
+
+    def unsummarised(self) -> int:
+        """About how many bytes the next `find` reads to bring its summaries up to date
+        (what was written since the last lookup, or all of it before the first)."""
+        with self._rlock:
+            if self._closed:
+                return 0
+            with self._wlock:
+                assert self._writer is not None
+                wchunk, wend = self._wchunk, self._writer.end
+            total = 0
+            for n in range(self._floor()[0] >> 48, wchunk + 1):
+                summary = self._summaries.get(n)
+                if summary is not None and summary.sealed:
+                    continue
+                done = HEADER_SIZE if summary is None else summary.done
+                if n == wchunk:
+                    total += max(0, wend - done)
+                elif n in self._counts:
+                    with contextlib.suppress(OSError):
+                        total += max(0, os.path.getsize(self._chunk_path(n)) - done)
+            return total
+
+    def _frames(self, n: int, start: int, end: int | None,
+                holding: bytes = b"") -> Iterable[tuple[int, int, list[bytes]]]:
+        """`(offset, next offset, messages)` of chunk `n`'s frames from `start`, before `end`
+        (None: to its last valid frame); with `holding`, only the frames whose bytes
+        hold it (the others are not split into messages)."""
+        path = self._chunk_path(n)
+        if not os.path.exists(path):  # (deleted: acked meanwhile)
+            return
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            limit = size if end is None else min(end, size)
+            if limit <= start:
+                return
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                offset = start
+                while offset < limit:
+                    try:
+                        field, body, nxt = read_record(data, offset, limit)
+                    except CorruptRecordError:
+                        return
+                    if not holding or holding in body:
+                        yield offset, nxt, split_batch(body) if field & BATCH_FLAG else [body]
+                    offset = nxt
+
+    def _summary(self, n: int, end: int | None, key_of: Callable[[bytes], bytes]) -> _Summary:
+        """Chunk `n`'s summary (see `find`), made up to `end` (None: the chunk is sealed,
+        to its end) if not yet."""
+        summary = self._summaries.get(n)
+        if summary is None:
+            summary = self._summaries[n] = _Summary()
+        if summary.sealed or (end is not None and summary.done >= end):
+            return summary
+        start = summary.done
+        least = greatest = b""
+        count = 0
+        for _offset, nxt, messages in self._frames(n, start, end):
+            keys = list(map(key_of, messages))
+            low, high = min(keys), max(keys)
+            if not count or low < least:
+                least = low
+            if not count or high > greatest:
+                greatest = high
+            count += 1
+            summary.done = nxt
+            if nxt - start >= FIND_SPAN:
+                summary.add(start, nxt, least, greatest)
+                start, count = nxt, 0
+        if count:
+            summary.add(start, summary.done, least, greatest)
+        summary.sealed = end is None
+        return summary
+
+    def _find_in(self, n: int, span: tuple[int, int], key: bytes,
+                 key_of: Callable[[bytes], bytes], floor: int) -> tuple[bytes, bool] | None:
+        start, end = span
+        skip, early = self._skip, self._acked_early
+        for offset, _next, messages in self._frames(n, start, end, key):
+            for i, payload in enumerate(messages):
+                if key_of(payload) == key:
+                    position = make_position(n, offset, i)
+                    if position >= floor and position not in early and position not in skip:
+                        return payload, position in self._pending
+        return None
 
     # -------------------------------------------------------------------- ack
 
@@ -991,6 +1164,7 @@ class DiskQueue:
             w.close()
             self._drop_files(keep_bad=True)
             self._counts.clear()
+            self._summaries.clear()
             self._cache.close()
             self._view = None
             self._ring = [None] * self._ring_size

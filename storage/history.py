@@ -448,32 +448,40 @@ class History:
             position = nxt
 
     def find_id(self, message_id: bytes, id_of: Callable[[bytes], bytes],
-                near_ns: int) -> int | None:
-        """The position of the record whose id is `message_id`; None if it is not kept.
-        With a `key`, by the chunks' sparse indexes (keys grow in history order);
-        otherwise, or if that misses (keys out of order: a dead letter's), from the
-        first record published at `near_ns` or just before (the time in the id)."""
+                near_ns: int, *, walk: bool = False) -> tuple[int, bytes] | None:
+        """`(position, record)` of the record whose id is `message_id`; None if it is not
+        kept.  With a `key`, by the chunks' sparse indexes (keys grow in history order);
+        otherwise, or if that misses (keys out of order), from the first record
+        published at `near_ns` or just before (the time in the id) to a second after
+        it; with `walk`, on to the newest (a dead-letter topic's history: a record
+        comes when it failed, any time after the time in its id).
+        `id_of` gives a part of the record (frames without `message_id`'s bytes are
+        not split into records)."""
         if self._key is not None:
-            found = self.find_key(int(message_id, 16), lambda r: id_of(r) == message_id)
+            found = self.find_key(int(message_id, 16), lambda r: id_of(r) == message_id,
+                                  message_id)
             if found is not None:
                 return found
         position = self.seek(near_ns - 1_000_000_000)  # (a second of slack for clocks)
         while True:
             items, nxt = self.read(position, 4096)
             if not items:
-                return None
+                break
             for pos, record in items:
                 if id_of(record) == message_id:
-                    return pos
-                if self._timestamp(record) > near_ns + 1_000_000_000:
+                    return pos, record
+                if not walk and self._timestamp(record) > near_ns + 1_000_000_000:
                     return None
             position = nxt
+        return None
 
-    def find_key(self, key: int, match: Callable[[bytes], bool]) -> int | None:
-        """The position of the record `match` accepts, among those whose chunk and
+    def find_key(self, key: int, match: Callable[[bytes], bool],
+                 needle: bytes = b"") -> tuple[int, bytes] | None:
+        """`(position, record)` of the record `match` accepts, among those whose chunk and
         index entry say they may hold `key`: a binary search over the chunks by their
-        first record's key, then over the chunk's index, then a read of about
-        `INDEX_SPACING` bytes.  None if it is not there."""
+        first record's key, then over the chunk's index, then a read of the entry's
+        frames (about `INDEX_SPACING` bytes; with `needle`, only the frames holding those
+        bytes are split into records).  None if it is not there."""
         assert self._key is not None
         with self._lock:
             chunks = [c for c in self._chunks if c.count]
@@ -494,14 +502,22 @@ class History:
                 return None
             start = offsets[i]
             end = offsets[i + 1] if i + 1 < len(offsets) else chunk.size
-            out: list[tuple[int, bytes]] = []
-            offset, index, stop = start, 0, make_position(chunk.number, end)
-            while offset < end:  # (a read stops at 1 MiB: go on to the entry's end)
-                offset, index = self._read_chunk(chunk, offset, index, limit=1 << 30,
-                                                 stop=stop, out=out)
-                if make_position(chunk.number, offset, index) >= stop or not out:
-                    break
-        return next((p for p, r in out if match(r)), None)
+            with open(self._file(chunk.number), "rb") as f:
+                f.seek(start)
+                data = f.read(end - start)
+        at, base = 0, chunk.number << 48
+        while at < len(data):
+            try:
+                field, body, nxt = read_record(data, at, len(data))
+            except CorruptRecordError:
+                return None
+            if not needle or needle in body:
+                records = split_batch(body) if field & BATCH_FLAG else [body]
+                for i, record in enumerate(records):
+                    if match(record):
+                        return base | (start + at) << 16 | i, record
+            at = nxt
+        return None
 
     def _first_key(self, chunk: _Chunk) -> int | None:
         if chunk.first_key is None and self._key is not None:

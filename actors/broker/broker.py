@@ -39,7 +39,14 @@ from actors.broker.diskqueue import DiskQueueActor
 from actors.broker.errors import BrokerError, from_wire
 from actors.broker.gateway import HandoffListener, ListenerInfo, listener
 from actors.broker.lookup import LookupActor, lookup_names
-from actors.broker.messages import ChannelRewind, ChannelTags, Publish, TopicCommand, TopicStats
+from actors.broker.messages import (
+    ChannelRewind,
+    ChannelTags,
+    Publish,
+    TopicCommand,
+    TopicFind,
+    TopicStats,
+)
 from actors.broker.nodes import NODE_MODULES
 from actors.broker.options import BrokerOptions, parse_options, run_dir_for
 from actors.broker.scanner import ScannerActor
@@ -190,6 +197,15 @@ class Broker:
         if isinstance(reply, tuple):
             _raise(reply)
         return int(reply["messages"])
+
+    def message(self, topic: str, message_id: str, timeout: float = 10.0) -> dict[str, Any]:
+        """Where the message `message_id` is, as ``GET /message`` answers it (``body`` as
+        bytes); raises `BrokerError` ``E_TOPIC_NOT_FOUND`` / ``E_MESSAGE_NOT_FOUND`` (#21)."""
+        reply = self.supervisor.ask(f"topic:{topic}", TopicFind(message_id.encode("ascii")),
+                                    timeout)
+        if isinstance(reply, tuple):
+            _raise(reply)
+        return dict(reply)
 
     def topic_stats(self, topic: str, include_clients: bool = True,
                     timeout: float = 10.0) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from actors.broker.diskqueue import (
     DqDefer,
     DqDelete,
     DqEmpty,
+    DqFind,
     DqMessages,
     DqOpen,
     DqPut,
@@ -43,8 +44,10 @@ from actors.broker.diskqueue import (
 from actors.broker.e2e import E2E_SAMPLES, LatencyWindow
 from actors.broker.errors import BrokerError
 from actors.broker.messages import (
+    FIND_TIMEOUT,
     ChannelCommand,
     ChannelConfig,
+    ChannelFind,
     ChannelGone,
     ChannelPut,
     ChannelPutDeferred,
@@ -205,6 +208,8 @@ class ChannelActor(Actor):
                 return None
             case ChannelStats(include_clients=include_clients, include_storage=storage):
                 return self._stats(include_clients, storage)
+            case ChannelFind(message_id=message_id):
+                return self._find(message_id)
             case _:
                 log.warning("%s: unexpected message %r", self.name, msg)
                 return None
@@ -321,6 +326,24 @@ class ChannelActor(Actor):
         if fx.dead_letters:
             dead = self.options.dead_letter_topic_for(self.topic)
             self.tell(f"topic:{dead}", PublishEncoded(fx.dead_letters))
+
+    def _find(self, message_id: bytes) -> dict[str, Any] | None:
+        """ChannelFind: in flight or deferred (by id), then the disk queue (by its
+        summaries: what it holds is queued, read into memory or on its way here or
+        not), then the walk of the memory queue for a message that lives only there."""
+        s = self.state
+        found = s.find(message_id, waiting=False)
+        if found is None and self.durable and not self.deleted:
+            queued, _ = self.ask(self.dq, DqFind(message_id), timeout=FIND_TIMEOUT)
+            if queued is not None:
+                return {"state": "queued", "message": queued[0]}
+        if found is None:
+            found = s.find(message_id)
+        if found is not None and found["state"] == "in_flight":
+            client = s.clients.get(found["client"])
+            found["client_id"] = str(((client.info if client else None) or {})
+                                     .get("client_id", ""))
+        return found
 
     def _stats(self, include_clients: bool, include_storage: bool = False) -> dict[str, Any]:
         s = self.state

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import operator
 import os
 import shutil
 import time
@@ -70,6 +71,9 @@ RECORD_OVERHEAD = MESSAGE_HEADER + 2 + MAX_TAG_LENGTH
 """The most a record adds to a body: NSQ's header, and a topic's tag (tag_record)."""
 
 _NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+FIND_INLINE_BYTES = 1 << 20
+"""A lookup that must summarise more of its queue than this runs off the worker's
+dispatcher thread (`DiskQueueActor._find`)."""
 
 
 def refusal(e: Exception) -> tuple[str, str, bool]:
@@ -266,6 +270,17 @@ class DqHistoryBatch:
     next: int
 
 
+@message
+@dataclass(frozen=True)
+class DqFind:
+    """Ask: where the message `message_id` (16 hex bytes) is in this storage.  Reply:
+    ``(queued, retained)``: ``(record, read)`` if the queue still holds it (`read`:
+    handed out to the owner and not acked yet), and its record in the history (a
+    topic's, with retention); None for either where it is not."""
+
+    message_id: bytes
+
+
 def queue_name(owner: str) -> str:
     """File-name stem of an owner's queue: `T` for a topic, `T:C` for a channel (nsqd)."""
     return owner.replace("/", ":")
@@ -405,6 +420,8 @@ class DiskQueueActor(Actor):
         if type(msg) in _HISTORY:
             self.last_used = self.clock()
             return self._retain(msg)
+        if type(msg) is DqFind:
+            return self._find(msg.message_id)
         if type(msg) is DqStats and self.queue is None:  # (an operator's look: not a use)
             depth = 0 if self.ephemeral else DiskQueue.closed_depth(
                 queue_name(self.owner), self.options.data_path)
@@ -526,9 +543,11 @@ class DiskQueueActor(Actor):
                 return history.stats()
             case DqHistoryFind(since_ns=since_ns, message_id=message_id):
                 if message_id:
-                    start = history.find_id(message_id, record_id, guid_time_ns(message_id))
-                    if start is None:
+                    found = history.find_id(message_id, record_id, guid_time_ns(message_id),
+                                            walk=self._dead_letters())
+                    if found is None:
                         return None
+                    start = found[0]
                 else:
                     start = history.seek(since_ns)
                 return start, history.end(), history.complete_from or 0
@@ -542,6 +561,44 @@ class DiskQueueActor(Actor):
                 self.tell(reply_to, DqHistoryBatch(channel, [r for _, r in items],
                                                    nxt if items else end))
         return None
+
+    def _find(self, message_id: bytes) -> tuple[Any, bytes | None]:
+        """DqFind: a lookup opens what it must read, as any use does (and the idle
+        timer closes it again); a queue closed empty is not opened.  One that must
+        first summarise more than `FIND_INLINE_BYTES` of its queue (the first in a large
+        backlog reads it all) runs on the node's I/O pool, so the worker's other
+        actors go on meanwhile (this actor parks); the others, in about a tenth of a
+        millisecond, here (the hop to the pool and back costs milliseconds)."""
+        queue: DiskQueue | None = None
+        name = queue_name(self.owner)
+        if not self.ephemeral and (self.queue is not None  # (closed: 0 if empty, None: unknown)
+                                   or DiskQueue.closed_depth(name, self.options.data_path) != 0):
+            self.last_used = self.clock()
+            self._arm_idle_timer()
+            if self.queue is None:
+                self._open()
+            assert isinstance(self.queue, DiskQueue)
+            queue = self.queue
+        if not self.is_channel and self.history is None and os.path.isdir(
+                path := history_path(self.options.data_path, name)):
+            self._arm_idle_timer()
+            self.history = _open_history(path, self.options, 0)
+            self.closed_history_stats = None
+        history = None if self.is_channel else self.history
+        if queue is None and history is None:
+            return None, None
+        # (a channel's messages are never tagged: their ids by a slice, in C)
+        key_of = _message_key if self.is_channel else record_id
+        walk = self._dead_letters()
+        if walk or (queue is not None and queue.unsummarised() > FIND_INLINE_BYTES):
+            return self.blocking(_find_in, queue, history, message_id, key_of, walk)
+        return _find_in(queue, history, message_id, key_of, walk)
+
+    def _dead_letters(self) -> bool:
+        """Whether this is a dead-letter topic's storage (`<topic>.dead`, or the one
+        ``--dead-letter-topic`` names): its history is in the order messages failed."""
+        return not self.is_channel and (self.owner.endswith(".dead")
+                                        or self.owner == self.options.dead_letter_topic)
 
     def _rewind_floor(self) -> int | None:
         """The oldest position a rewind still reads from (one that has not read for a
@@ -645,6 +702,22 @@ class DiskQueueActor(Actor):
         for actor, token in confirms:
             self.tell(actor, Stored(token, error))
 
+
+def _find_in(queue: DiskQueue | None, history: History | None, message_id: bytes,
+             key_of: Callable[[bytes], bytes],
+             walk: bool) -> tuple[tuple[bytes, bool] | None, bytes | None]:
+    """`DqFind`'s answer from a queue's summaries and a history's index (`walk`: see
+    `History.find_id`)."""
+    queued = None if queue is None else queue.find(message_id, key_of)
+    retained = None
+    if history is not None:
+        found = history.find_id(message_id, record_id, guid_time_ns(message_id), walk=walk)
+        retained = None if found is None else found[1]
+    return queued, retained
+
+
+_message_key = operator.itemgetter(slice(10, 26))
+"""The id of a message in a channel's queue (NSQ-encoded)."""
 
 _HISTORY = (DqRetain, DqTrim, DqHistoryStats, DqHistoryFind, DqHistoryRead)
 

@@ -42,12 +42,14 @@ from actors.broker.client import (
     ClientTouch,
 )
 from actors.broker.messages import (
+    FIND_TIMEOUT,
     Alive,
     ChannelRewind,
     ChannelTags,
     Publish,
     TopicCommand,
     TopicConfig,
+    TopicFind,
     TopicStats,
 )
 from actors.broker.options import BrokerOptions, run_dir_for
@@ -139,6 +141,13 @@ class GatewayFacade:
             f"topic:{topic}", ChannelRewind(channel, since_ns, message_id, create,
                                             tuple(tags) if tags is not None else None),
             REWIND_TIMEOUT)
+        if isinstance(reply, tuple):
+            _raise(reply)
+        return dict(reply)
+
+    def message(self, topic: str, message_id: str) -> dict[str, Any]:
+        reply = current_endpoint().ask(f"topic:{topic}", TopicFind(message_id.encode("ascii")),
+                                       FIND_TIMEOUT)
         if isinstance(reply, tuple):
             _raise(reply)
         return dict(reply)

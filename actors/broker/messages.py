@@ -122,6 +122,17 @@ class ChannelStats:
     include_storage: bool = False
 
 
+@message
+@dataclass(frozen=True)
+class ChannelFind:
+    """Ask: where the message `message_id` (16 hex bytes) is in this channel (#21).
+    Reply: None if the channel does not hold it, else ``{"state": "queued" |
+    "in_flight" | "deferred", "message": <encoded as held>}``, with ``client``,
+    ``client_id`` and ``deadline`` (ns) in flight, ``due`` (ns) deferred."""
+
+    message_id: bytes
+
+
 @no_spawn
 @message
 @dataclass(frozen=True)
@@ -298,6 +309,23 @@ class TopicCommand:
 
     command: str
     arg: str = ""
+
+
+FIND_TIMEOUT = 60.0
+"""How long a lookup by id waits at each step: the first lookup in a disk queue with a
+backlog of millions reads it once (docs/STORAGE.md, "Finding a message")."""
+
+
+@message
+@dataclass(frozen=True)
+class TopicFind:
+    """Ask: the message `message_id` (16 hex bytes), wherever this topic, its channels
+    and its history hold it (#21), as ``GET /message`` answers it: ``{"id",
+    "timestamp", "attempts", "body" (bytes), "tag", "state", "channels": {name:
+    {"state", ...}}}``; or a `BrokerError.to_wire()` tuple (``E_TOPIC_NOT_FOUND``,
+    ``E_MESSAGE_NOT_FOUND``)."""
+
+    message_id: bytes
 
 
 @message

@@ -59,6 +59,7 @@ from actors.broker.diskqueue import (
     DqDefer,
     DqDelete,
     DqEmpty,
+    DqFind,
     DqHistoryBatch,
     DqHistoryFind,
     DqHistoryRead,
@@ -88,9 +89,11 @@ from actors.broker.errors import (
 )
 from actors.broker.lookup import ChannelsOf, announce, lookup_names
 from actors.broker.messages import (
+    FIND_TIMEOUT,
     GATHER_MAX,
     ChannelCommand,
     ChannelConfig,
+    ChannelFind,
     ChannelGone,
     ChannelPut,
     ChannelPutDeferred,
@@ -105,6 +108,7 @@ from actors.broker.messages import (
     Stored,
     TopicCommand,
     TopicConfig,
+    TopicFind,
     TopicStats,
 )
 from actors.broker.nsq_message import (
@@ -114,6 +118,7 @@ from actors.broker.nsq_message import (
     is_valid_channel_name,
     is_valid_tag,
     is_valid_topic_name,
+    record_id,
     tag_record,
     untag_record,
 )
@@ -176,6 +181,27 @@ class _Rewind:
     end: int
     queued: int = 0
     waiter: Any = None
+
+
+_PROGRESS = ("topic", "deferred", "queued", "in_flight", "consumed")
+"""A message's states, least advanced first (``GET /message``'s top-level ``state`` is
+the least advanced over its channels)."""
+
+
+def _channel_entry(found: dict[str, Any]) -> dict[str, Any]:
+    """A channel's `ChannelFind` answer as ``GET /message`` shows it: ``attempts`` is how
+    many times this channel has delivered it (a message in flight shows the number of
+    its delivery; one at rest, the number its next one will show)."""
+    attempts = int.from_bytes(found["message"][8:10], "big")
+    entry: dict[str, Any] = {"state": found["state"],
+                             "attempts": attempts if found["state"] == "in_flight"
+                             else attempts - 1}
+    if found["state"] == "in_flight":
+        entry.update(client_id=found["client_id"], client=found["client"],
+                     deadline=int(found["deadline"]))
+    elif found["state"] == "deferred":
+        entry["due"] = int(found["due"])
+    return entry
 
 
 def _delayed_entries(items: list[tuple[bytes, int]]) -> list[tuple[int, bytes, bytes]]:
@@ -267,6 +293,9 @@ class TopicActor(Actor):
     def _reset(self) -> None:
         self.channels: dict[str, bool] = {}  # channel -> paused
         self.filters: dict[str, frozenset[str]] = {}  # channel -> the tags it takes
+        # channel -> from when (ns) it takes what is published: what came before went to
+        # the channels of then (0: it took what the topic held, or it is older than this)
+        self.since: dict[str, int] = {}
         self.paused = False
         self.config: dict[str, Any] = {}  # this topic's own settings (TopicConfig)
         self.memory: deque[bytes] = deque()
@@ -297,6 +326,8 @@ class TopicActor(Actor):
                              if is_valid_channel_name(c)}
             self.filters = {c: f for c, v in meta.get("channels", {}).items()
                             if c in self.channels and (f := _read_filter(c, v.get("tags")))}
+            self.since = {c: v["since"] for c, v in meta.get("channels", {}).items()
+                          if c in self.channels and type(v.get("since")) is int}
             # (an ephemeral channel is not kept, but its filter is, for a client that
             # still holds a subscription to revive it after a worker restart)
             self.filters.update(
@@ -361,6 +392,8 @@ class TopicActor(Actor):
     def _add_channel(self, channel: str) -> None:
         """A new channel (created, subscribed, or revived): kept and announced."""
         self.channels[channel] = False
+        held = self.memory or self.disk_depth or self.deferred
+        self.since[channel] = 0 if held else self.clock()
         announce(self, self.options, self.topic, channel)
 
     def _write_meta(self) -> None:
@@ -372,7 +405,8 @@ class TopicActor(Actor):
         meta: dict[str, Any] = {
             "version": 1, "paused": self.paused,
             "channels": {c: {"paused": p, **({"tags": sorted(self.filters[c])}
-                                             if c in self.filters else {})}
+                                             if c in self.filters else {}),
+                             **({"since": self.since[c]} if self.since.get(c) else {})}
                          for c, p in sorted(self.channels.items()) if not is_ephemeral(c)}}
         if self.config:
             meta["config"] = self.config
@@ -477,6 +511,11 @@ class TopicActor(Actor):
             case TopicConfig(values=values):
                 try:
                     return self._configure(values)
+                except BrokerError as e:
+                    return e.to_wire()
+            case TopicFind(message_id=message_id):
+                try:
+                    return self._find(message_id)
                 except BrokerError as e:
                     return e.to_wire()
             case TopicStats(include_clients=include_clients, existing_only=existing_only,
@@ -909,6 +948,67 @@ class TopicActor(Actor):
         self._write_meta()  # its progress, so that a restart does not queue these again
         self._rewind_next(channel)
 
+    # ------------------------------------------------------------------- lookup
+
+    def _find(self, message_id: bytes) -> dict[str, Any]:
+        """TopicFind: the topic's memory, then, in one round of asks, each channel and
+        the disk-queue actor (the topic's queue and its history, each by its index)."""
+        if not self.exists:
+            raise BrokerError(f"topic {self.topic} not found", code="E_TOPIC_NOT_FOUND")
+        held = next((r for r in itertools.chain(self.memory, (m for m, _ in self.deferred))
+                     if record_id(r) == message_id), None)
+        names = sorted(self.channels)
+        asks = [(self._channel_name(c), ChannelFind(message_id)) for c in names]
+        if not self.ephemeral:
+            asks.append((self.dq, DqFind(message_id)))
+        replies = self.ask_many(asks, timeout=FIND_TIMEOUT)
+        storage = (None, None) if self.ephemeral else replies.pop()
+        if isinstance(storage, Exception):
+            raise storage
+        queued, retained = storage
+        if held is None and queued is not None:
+            record, read = queued
+            # Read from the topic's queue and not acked: on its way here (a read in
+            # progress), or handed to the channels, which then say where it is.
+            if not read or self.reading:
+                held = record
+        found = [r for r in replies if isinstance(r, dict)]
+        record = held or retained or (found[0]["message"] if found else None)
+        if record is None:
+            raise BrokerError(f"message {message_id.decode()} not found in topic {self.topic}",
+                              code="E_MESSAGE_NOT_FOUND", fatal=False)
+        encoded, tag = untag_record(record)
+        timestamp = int.from_bytes(encoded[:8], "big")
+        known_tag = held is not None or retained is not None  # (channels keep no tags)
+        channels: dict[str, dict[str, Any]] = {}
+        for c, reply in zip(names, replies, strict=True):
+            wanted = self.filters.get(c)
+            if isinstance(reply, Exception):
+                channels[c] = {"state": "unknown", "error": str(reply)}
+            elif reply is not None:
+                channels[c] = _channel_entry(reply)
+            elif known_tag and wanted is not None and tag not in wanted:
+                channels[c] = {"state": "not_delivered", "reason": "its tag filter"}
+            elif timestamp < self.since.get(c, 0):
+                channels[c] = {"state": "not_delivered",
+                               "reason": "the channel was created after it"}
+            else:
+                channels[c] = {"state": "topic" if held is not None else "consumed"}
+        states = [e["state"] for e in channels.values() if e["state"] in _PROGRESS]
+        if states:
+            state = min(states, key=_PROGRESS.index)
+        elif held is not None:
+            state = "topic"
+        elif channels and all(e["state"] == "not_delivered" for e in channels.values()):
+            state = "not_delivered"  # (no channel of the topic takes it)
+        else:
+            state = "consumed"  # (by channels deleted since, or there is none)
+        counts = [e["attempts"] for e in channels.values() if "attempts" in e]
+        return {"id": message_id.decode(), "timestamp": timestamp,
+                "attempts": max(counts) if counts else 0 if held is not None else None,
+                "body": encoded[26:], "tag": tag if known_tag else None, "state": state,
+                "channels": channels}
+
     # ----------------------------------------------------------------- commands
 
     def _channel_name(self, channel: str) -> str:
@@ -1027,6 +1127,7 @@ class TopicActor(Actor):
 
     def _delete_channel(self, channel: str) -> None:
         self.filters.pop(channel, None)
+        self.since.pop(channel, None)
         rewind = self.rewinds.pop(channel, None)
         if rewind is not None and rewind.waiter is not None:
             rewind.waiter.set(BrokerError(f"channel {channel} was deleted during its rewind",

@@ -207,8 +207,27 @@ def test_seek_finds_the_first_record_at_or_after_a_time_and_find_id_a_message(
 
     found = h.find_id(b"123", id_of, 24 * SECOND)
     assert found is not None
-    assert at(found) == record(24 * SECOND, b"123")
+    assert at(found[0]) == found[1] == record(24 * SECOND, b"123")
     assert h.find_id(b"999", id_of, 24 * SECOND) is None
+    h.close()
+
+
+def test_find_id_walks_on_for_a_record_that_came_long_after_the_time_in_its_id(
+        tmp_path: Path) -> None:
+    # A dead-letter topic's history: records come when they failed, with old ids
+    h = open_history(tmp_path / "t.history", chunk_bytes=2048)
+    for s in range(40):
+        h.append([record(s * SECOND, b"%03d" % (900 + s))])
+    h.append([record(41 * SECOND, b"007")])  # (its id says: published at 2 s)
+
+    def id_of(r: bytes) -> bytes:
+        return r[-3:]
+
+    assert h.find_id(b"007", id_of, 2 * SECOND) is None
+    found = h.find_id(b"007", id_of, 2 * SECOND, walk=True)
+    assert found is not None
+    assert found[1] == record(41 * SECOND, b"007")
+    assert h.find_id(b"008", id_of, 2 * SECOND, walk=True) is None
     h.close()
 
 
@@ -354,8 +373,11 @@ def test_find_key_finds_a_record_by_a_binary_search_of_chunks_and_their_indexes(
     assert h.stats()["chunks"] > 3
 
     def found(k: int) -> bytes | None:
-        position = h.find_key(k, lambda r: key(r) == k)
-        return None if position is None else h.read(position, 1)[0][0][1]
+        hit = h.find_key(k, lambda r: key(r) == k)
+        if hit is None:
+            return None
+        assert h.read(hit[0], 1)[0][0][1] == hit[1]
+        return hit[1]
 
     for k in (0, 1, 7, 999, n // 2, n - 1):  # (indexes kept as appended)
         assert found(k) == rec(k)

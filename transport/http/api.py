@@ -38,6 +38,7 @@ rendered by :mod:`transport.http.metrics` from the one facade stats snapshot.  S
 from __future__ import annotations
 
 import asyncio
+import base64
 import functools
 import logging
 import re
@@ -70,6 +71,7 @@ from transport.protocol.validation import (
     check_mpub_count,
     check_topic,
     parse_from,
+    parse_message_id,
     valid_tag,
 )
 from transport.tls import peer_details
@@ -124,6 +126,12 @@ class BrokerFacade(Protocol):
         `create`, a new channel (filtered by `tags`) starts there.  Raises
         ``E_TOPIC_NOT_FOUND``, ``E_CHANNEL_NOT_FOUND``, ``E_NOT_RETAINED``,
         ``E_REWIND_IN_PROGRESS``."""
+        ...
+
+    def message(self, topic: str, message_id: str) -> dict[str, Any]:
+        """Where the message `message_id` (16 lower-case hex characters) is (#21): ``{"id",
+        "timestamp", "attempts", "body" (bytes), "tag", "state", "channels"}`` (see
+        docs/HTTP.md).  Raises ``E_TOPIC_NOT_FOUND``, ``E_MESSAGE_NOT_FOUND``."""
         ...
 
     def topic_config(self, topic: str, values: dict[str, Any] | None) -> dict[str, Any]:
@@ -185,6 +193,7 @@ _COMMAND_ERRORS: dict[str, tuple[int, str]] = {
     "E_CHANNEL_NOT_FOUND": (404, "CHANNEL_NOT_FOUND"),
     "E_NOT_RETAINED": (409, "E_NOT_RETAINED"),
     "E_REWIND_IN_PROGRESS": (409, "E_REWIND_IN_PROGRESS"),
+    "E_MESSAGE_NOT_FOUND": (404, "MESSAGE_NOT_FOUND"),
 }
 
 
@@ -532,6 +541,22 @@ async def _channel_rewind(request: web.Request) -> web.Response:
     return v1(reply)
 
 
+async def _message(request: web.Request) -> web.Response:
+    """``GET /message?topic=T&id=ID``: where that message is, in the topic, each of its
+    channels and its history (#21), with its body in base64."""
+    topic = _topic_arg(request)
+    if "id" not in request.query:
+        raise HttpError(400, "MISSING_ARG_ID")
+    message_id = parse_message_id(request.query["id"])
+    if message_id is None:
+        raise HttpError(400, "INVALID_ARG_ID")
+    try:
+        reply = await call(request, request.app[FACADE].message, topic, message_id)
+    except Exception as e:
+        raise _map_error(e, _COMMAND_ERRORS, request.path) from e
+    return v1({**reply, "body": base64.b64encode(reply["body"]).decode("ascii")})
+
+
 _NO_E2E = {"count": 0, "percentiles": None}
 
 
@@ -616,6 +641,7 @@ def make_app(facade: BrokerFacade, limits: Limits | None = None, *,
     get("/info", _info)
     get("/stats", _stats)
     get("/metrics", _metrics)
+    get("/message", _message)
     get("/topic/config", _topic_config)
     app.router.add_post("/topic/config", _topic_config)
     get("/channel/config", _channel_config)

@@ -446,12 +446,21 @@ class ConnectionState:
             self.heartbeats = command.settings.heartbeat_interval > 0
 
 
+def parse_message_id(raw: str) -> str | None:
+    """A message id as clients receive it (exactly 16 hex characters), lower-cased;
+    None for anything else."""
+    if len(raw) == 16 and all(c in "0123456789abcdefABCDEF" for c in raw):
+        return raw.lower()
+    return None
+
+
 def parse_from(raw: str) -> tuple[int, str]:
     """A rewind's ``from``: ``(since_ns, "")`` for an RFC 3339 time or unix milliseconds
     (any all-digit value but a message id), ``(0, id)`` for a message id (exactly 16
     hex characters, as clients receive it); ValueError for anything else."""
-    if len(raw) == 16 and all(c in "0123456789abcdefABCDEF" for c in raw):
-        return 0, raw.lower()
+    message_id = parse_message_id(raw)
+    if message_id is not None:
+        return 0, message_id
     if raw.isdigit() and len(raw) <= 18:
         return int(raw) * 1_000_000, ""
     text = raw[:-1] + "+00:00" if raw[-1:] in "zZ" and raw else raw
