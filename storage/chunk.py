@@ -39,7 +39,9 @@ never trusted: `scan` walks it frame by frame to the last valid one.
 
 from __future__ import annotations
 
+import bisect
 import errno
+import itertools
 import mmap
 import os
 import struct
@@ -125,6 +127,31 @@ def split_batch(body: bytes) -> list[bytes]:
         out.append(body[pos : pos + n])
         pos += n
     return out
+
+
+def messages_holding(field: int, body: bytes, needle: bytes) -> Iterator[tuple[int, bytes]]:
+    """`(index, message)` of each message of a frame whose bytes hold `needle` (not
+    empty), found by a search of the frame's bytes (in C): the frame is not split into
+    its messages."""
+    at = body.find(needle)
+    if at < 0:
+        return
+    if not field & BATCH_FLAG:
+        yield 0, body
+        return
+    k = _U32.unpack_from(body, 0)[0]
+    starts = list(itertools.accumulate(struct.unpack_from(f"<{k}I", body, 4),
+                                       initial=4 + 4 * k))
+    while at >= 0:
+        i = bisect.bisect_right(starts, at) - 1
+        if i < 0:  # (in the lengths' table)
+            at = body.find(needle, starts[0])
+            continue
+        if at + len(needle) > starts[i + 1]:  # (across two messages: in neither)
+            at = body.find(needle, at + 1)
+            continue
+        yield i, body[starts[i]:starts[i + 1]]
+        at = body.find(needle, starts[i + 1])
 
 
 def frame_count(field: int, body: bytes) -> int:

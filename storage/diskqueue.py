@@ -72,6 +72,7 @@ from storage.chunk import (
     CorruptRecordError,
     batch_body,
     make_position,
+    messages_holding,
     read_record,
     scan,
     seal_file,
@@ -858,8 +859,8 @@ class DiskQueue:
     def find(self, key: bytes, key_of: Callable[[bytes], bytes]) -> tuple[bytes, bool] | None:
         """A message still in the queue whose ``key_of(payload) == key``: ``(payload,
         read)``, `read` saying it was handed out and not acked (ack mode); None if none.
-        `key_of` gives a part of the payload (a frame is decoded only if it holds
-        `key`'s bytes somewhere).
+        `key_of` gives a part of the payload (only the messages whose bytes hold `key`
+        are looked at).
 
         The chunks from the floor to the write chunk are looked through by
         *summaries*: an entry per run of frames spanning at least `FIND_SPAN`
@@ -911,11 +912,10 @@ class DiskQueue:
                         total += max(0, os.path.getsize(self._chunk_path(n)) - done)
             return total
 
-    def _frames(self, n: int, start: int, end: int | None,
-                holding: bytes = b"") -> Iterable[tuple[int, int, list[bytes]]]:
-        """`(offset, next offset, messages)` of chunk `n`'s frames from `start`, before `end`
-        (None: to its last valid frame); with `holding`, only the frames whose bytes
-        hold it (the others are not split into messages)."""
+    def _frames(self, n: int, start: int,
+                end: int | None) -> Iterable[tuple[int, int, int, bytes]]:
+        """`(offset, next offset, length field, body)` of chunk `n`'s frames from `start`,
+        before `end` (None: to its last valid frame)."""
         path = self._chunk_path(n)
         if not os.path.exists(path):  # (deleted: acked meanwhile)
             return
@@ -931,8 +931,7 @@ class DiskQueue:
                         field, body, nxt = read_record(data, offset, limit)
                     except CorruptRecordError:
                         return
-                    if not holding or holding in body:
-                        yield offset, nxt, split_batch(body) if field & BATCH_FLAG else [body]
+                    yield offset, nxt, field, body
                     offset = nxt
 
     def _summary(self, n: int, end: int | None, key_of: Callable[[bytes], bytes]) -> _Summary:
@@ -946,8 +945,8 @@ class DiskQueue:
         start = summary.done
         least = greatest = b""
         count = 0
-        for _offset, nxt, messages in self._frames(n, start, end):
-            keys = list(map(key_of, messages))
+        for _offset, nxt, field, body in self._frames(n, start, end):
+            keys = list(map(key_of, split_batch(body) if field & BATCH_FLAG else [body]))
             low, high = min(keys), max(keys)
             if not count or low < least:
                 least = low
@@ -967,8 +966,8 @@ class DiskQueue:
                  key_of: Callable[[bytes], bytes], floor: int) -> tuple[bytes, bool] | None:
         start, end = span
         skip, early = self._skip, self._acked_early
-        for offset, _next, messages in self._frames(n, start, end, key):
-            for i, payload in enumerate(messages):
+        for offset, _next, field, body in self._frames(n, start, end):
+            for i, payload in messages_holding(field, body, key):
                 if key_of(payload) == key:
                     position = make_position(n, offset, i)
                     if position >= floor and position not in early and position not in skip:

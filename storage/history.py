@@ -70,6 +70,7 @@ from storage.chunk import (
     CorruptRecordError,
     batch_body,
     make_position,
+    messages_holding,
     read_record,
     scan,
     split_batch,
@@ -455,8 +456,8 @@ class History:
         published at `near_ns` or just before (the time in the id) to a second after
         it; with `walk`, on to the newest (a dead-letter topic's history: a record
         comes when it failed, any time after the time in its id).
-        `id_of` gives a part of the record (frames without `message_id`'s bytes are
-        not split into records)."""
+        `id_of` gives a part of the record (only records holding `message_id`'s bytes
+        are looked at)."""
         if self._key is not None:
             found = self.find_key(int(message_id, 16), lambda r: id_of(r) == message_id,
                                   message_id)
@@ -480,8 +481,8 @@ class History:
         """`(position, record)` of the record `match` accepts, among those whose chunk and
         index entry say they may hold `key`: a binary search over the chunks by their
         first record's key, then over the chunk's index, then a read of the entry's
-        frames (about `INDEX_SPACING` bytes; with `needle`, only the frames holding those
-        bytes are split into records).  None if it is not there."""
+        frames (about `INDEX_SPACING` bytes; with `needle`, only the records holding those
+        bytes are looked at).  None if it is not there."""
         assert self._key is not None
         with self._lock:
             chunks = [c for c in self._chunks if c.count]
@@ -511,11 +512,11 @@ class History:
                 field, body, nxt = read_record(data, at, len(data))
             except CorruptRecordError:
                 return None
-            if not needle or needle in body:
-                records = split_batch(body) if field & BATCH_FLAG else [body]
-                for i, record in enumerate(records):
-                    if match(record):
-                        return base | (start + at) << 16 | i, record
+            records = messages_holding(field, body, needle) if needle else \
+                enumerate(split_batch(body) if field & BATCH_FLAG else [body])
+            for i, record in records:
+                if match(record):
+                    return base | (start + at) << 16 | i, record
             at = nxt
         return None
 

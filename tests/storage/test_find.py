@@ -14,6 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from storage import DiskQueue, QueueClosedError
 from storage import diskqueue as dq_mod
+from storage.chunk import BATCH_FLAG, batch_body, messages_holding
 from tests.storage.conftest import FakeMemory, ManualSyncer, chunk_files
 
 pytestmark = pytest.mark.timeout(60)
@@ -25,6 +26,20 @@ def key(message: bytes) -> bytes:
 
 def msg(n: int, body: bytes = b"x" * 40) -> bytes:
     return b"%08d" % n + body
+
+
+def test_messages_holding_yields_the_messages_of_a_frame_that_hold_the_needle():
+    msgs = [b"aa", b"xneedle", b"bb", b"needle", b"", b"ne", b"edle", b"needleneedle"]
+    body = batch_body(msgs)
+    field = BATCH_FLAG | len(body)
+    assert list(messages_holding(field, body, b"needle")) == [
+        (1, b"xneedle"), (3, b"needle"), (7, b"needleneedle")]  # (not "ne" + "edle")
+    assert list(messages_holding(field, body, b"zz")) == []
+    assert list(messages_holding(len(b"a needle"), b"a needle", b"needle")) == [
+        (0, b"a needle")]
+    # bytes of the lengths' table are not a message's
+    table = batch_body([b"\x07" * 7])
+    assert list(messages_holding(BATCH_FLAG | len(table), table, b"\x07\x00")) == []
 
 
 def test_a_message_is_found_while_unread_and_while_read_but_not_acked(open_queue):
