@@ -442,7 +442,7 @@ def _command_handler(command: str, *, channel: bool) -> _Handler:
         try:
             if start is not None:  # (#21: a channel that starts from X, filtered at once)
                 rewind = functools.partial(facade.channel_rewind, create=True, tags=tags)
-                return v1(await call(request, rewind, topic, channel_name, *start))
+                return v1(await call(request, rewind, topic, channel_name, *start, slow=True))
             if tags is not None:  # (created with its filter at once: no message slips by)
                 await call(request, facade.channel_tags, topic, channel_name, tags, True)
             else:
@@ -535,7 +535,7 @@ async def _channel_rewind(request: web.Request) -> web.Response:
         raise HttpError(400, "INVALID_ARG_FROM") from None
     try:
         reply = await call(request, request.app[FACADE].channel_rewind, topic, channel,
-                           since_ns, message_id)
+                           since_ns, message_id, slow=True)
     except Exception as e:
         raise _map_error(e, _COMMAND_ERRORS, request.path) from e
     return v1(reply)
@@ -551,7 +551,8 @@ async def _message(request: web.Request) -> web.Response:
     if message_id is None:
         raise HttpError(400, "INVALID_ARG_ID")
     try:
-        reply = await call(request, request.app[FACADE].message, topic, message_id)
+        reply = await call(request, request.app[FACADE].message, topic, message_id,
+                           slow=True)
     except Exception as e:
         raise _map_error(e, _COMMAND_ERRORS, request.path) from e
     return v1({**reply, "body": base64.b64encode(reply["body"]).decode("ascii")})

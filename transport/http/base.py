@@ -41,14 +41,18 @@ from typing import Any, TypeVar
 
 from transport.http import web
 
-__all__ = ["EXECUTOR", "V1_HEADERS", "AppServer", "HttpError", "call", "errors", "v1",
-           "v1_error"]
+__all__ = ["EXECUTOR", "SLOW_EXECUTOR", "V1_HEADERS", "AppServer", "HttpError", "call",
+           "errors", "v1", "v1_error"]
 
 logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
 EXECUTOR = web.AppKey("executor", Executor)
+SLOW_EXECUTOR = web.AppKey("slow_executor", Executor)
+"""The pool for facade calls that may wait long (a rewind's, a lookup's first read of a
+backlog: up to a minute), so that they never hold every thread publishes need."""
+SLOW_WORKERS = 4
 """Where :func:`call` runs blocking facade calls (absent: the loop's default executor)."""
 
 V1_HEADERS = {"X-NSQ-Content-Type": "nsq; version=1.0"}
@@ -113,13 +117,15 @@ async def errors(request: web.Request,
         return v1_error(500, "INTERNAL_ERROR")
 
 
-async def call(request: web.Request, fn: Callable[..., Any], *args: Any) -> Any:
+async def call(request: web.Request, fn: Callable[..., Any], *args: Any,
+               slow: bool = False) -> Any:
     """A facade call: awaited on the loop if `fn` is a coroutine function (a facade
-    that asks without blocking), else run on the app's executor (it blocks)."""
+    that asks without blocking), else run on the app's executor (it blocks); `slow`:
+    on the pool for calls that may wait long, if the app has one."""
     if inspect.iscoroutinefunction(fn):
         return await fn(*args)
     loop = asyncio.get_running_loop()
-    executor = request.app.get(EXECUTOR)
+    executor = (slow and request.app.get(SLOW_EXECUTOR)) or request.app.get(EXECUTOR)
     return await loop.run_in_executor(executor, functools.partial(fn, *args))
 
 
@@ -193,8 +199,9 @@ class AppServer:
     def _run(self, sock: socket.socket) -> None:
         loop = asyncio.new_event_loop()
         executor = ThreadPoolExecutor(self.max_workers, thread_name_prefix=f"{self.name}-facade")
+        slow = ThreadPoolExecutor(SLOW_WORKERS, thread_name_prefix=f"{self.name}-slow")
         try:
-            loop.run_until_complete(self._serve(loop, sock, executor))
+            loop.run_until_complete(self._serve(loop, sock, executor, slow))
         except BaseException as e:
             self._error = e
             logger.exception("HTTP API server failed")
@@ -202,14 +209,16 @@ class AppServer:
             self._ready.set()
             sock.close()
             executor.shutdown(wait=True, cancel_futures=True)
+            slow.shutdown(wait=True, cancel_futures=True)
             loop.run_until_complete(loop.shutdown_default_executor())
             loop.close()
 
     async def _serve(self, loop: asyncio.AbstractEventLoop, sock: socket.socket,
-                     executor: Executor) -> None:
+                     executor: Executor, slow: Executor) -> None:
         self._loop = loop
         self._stopping = asyncio.Event()
         app = self.make_app(executor, self.port)
+        app[SLOW_EXECUTOR] = slow
         runner = web.Runner(app, shutdown_timeout=self.shutdown_timeout)
         try:
             await runner.start(sock, self.ssl_context)

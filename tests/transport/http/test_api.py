@@ -107,6 +107,14 @@ class FakeFacade:
         self._record("health")
         return self.reason
 
+    def channel_rewind(self, topic: str, channel: str, since_ns: int = 0,
+                       message_id: str = "", *, create: bool = False,
+                       tags: list[str] | None = None) -> dict:
+        self._record("channel_rewind", topic, channel, since_ns, message_id)
+        if self.gate is not None:
+            assert self.gate.wait(5)
+        return {"messages": 0}
+
     def info(self) -> dict:
         self._record("info")
         return dict(self.info_data)
@@ -885,6 +893,36 @@ def test_stop_reports_a_facade_call_that_will_not_return(facade: FakeFacade) -> 
     assert srv.stop(timeout=5)
     client.join(5)
     assert isinstance(outcome[0], http.client.RemoteDisconnected)
+
+
+def test_rewinds_that_wait_long_never_hold_the_threads_publishes_need(
+        server: HttpServer, facade: FakeFacade) -> None:
+    # Given more rewinds waiting than the facade has threads (a long rewind waits up
+    # to a minute for its messages to be queued)
+    facade.gate = threading.Event()
+    results: list[Reply] = []
+    clients = [threading.Thread(target=lambda: results.append(
+        call(server, "POST", "/channel/rewind?topic=t&channel=c&from=0"))) for _ in range(10)]
+    for client in clients:
+        client.start()
+    deadline = time.monotonic() + 5
+    while sum(c[0] == "channel_rewind" for c in facade.calls) < 4 \
+            and time.monotonic() < deadline:
+        time.sleep(0.001)
+    # When a client publishes meanwhile (the gate held by the four rewinds running,
+    # not by publishes), Then its publish is answered at once
+    gate, facade.gate = facade.gate, None
+    assert call(server, "GET", "/ping").status == 200
+    assert call(server, "POST", "/pub?topic=t", b"m").status == 200
+    # and the rewinds ran four at a time on their own threads
+    rewinds = [t for c, t in zip(facade.calls, facade.threads, strict=True)
+               if c[0] == "channel_rewind"]
+    assert len(rewinds) == 4
+    assert all("-slow" in t for t in rewinds)
+    gate.set()
+    for client in clients:
+        client.join(5)
+    assert [r.status for r in results] == [200] * 10
 
 
 def test_a_stopped_server_can_be_started_again(facade: FakeFacade) -> None:
