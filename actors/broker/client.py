@@ -28,7 +28,6 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -72,7 +71,6 @@ REWIND_TIMEOUT = 60.0  # seconds a REWIND may wait for its messages to be queued
 
 
 @message
-@dataclass(frozen=True)
 class ClientIdentify:
     """IDENTIFY: the message timeout (ms; 0 keeps the broker's default) and what the
     client says of itself (shown in /stats as nsqd shows it)."""
@@ -85,7 +83,6 @@ class ClientIdentify:
 
 
 @message
-@dataclass(frozen=True)
 class ClientSub:
     topic: str
     channel: str
@@ -93,7 +90,6 @@ class ClientSub:
 
 
 @message
-@dataclass(frozen=True)
 class ClientRewind:
     """REWIND (ZeroMQ, #21): answered ``OK`` with msgpack ``{"messages": N}``."""
 
@@ -105,32 +101,27 @@ class ClientRewind:
 
 
 @message
-@dataclass(frozen=True)
 class ClientRdy:
     count: int
 
 
 @message
-@dataclass(frozen=True)
 class ClientFin:
     ids: list[bytes]
 
 
 @message
-@dataclass(frozen=True)
 class ClientReq:
     id: bytes
     delay_ms: int
 
 
 @message
-@dataclass(frozen=True)
 class ClientTouch:
     id: bytes
 
 
 @message
-@dataclass(frozen=True)
 class ClientPub:
     """PUB / MPUB / DPUB from the client; answered OK or with an error, in order."""
 
@@ -142,26 +133,22 @@ class ClientPub:
 
 
 @message
-@dataclass(frozen=True)
 class ClientClose:
     """CLS: no more deliveries; messages in flight can still be FINed or REQed."""
 
 
 @message
-@dataclass(frozen=True)
 class ClientGone:
     """The connection dropped: its in-flight messages go back to the channel at once."""
 
 
 @no_spawn
 @message
-@dataclass(frozen=True)
 class ClientTick:
     """The connection's heartbeat: refresh the subscription's lease with the channel."""
 
 
 @message
-@dataclass(frozen=True)
 class ClientHandoff:
     """The connection subscribed (its loop paused reading after the SUB): hand it to
     worker `worker`, which holds the channel, once every publish is answered."""
@@ -170,7 +157,6 @@ class ClientHandoff:
 
 
 @message
-@dataclass(frozen=True)
 class ClientAdopted:
     """This client's connection was handed over by the gateway with its SUB: the
     state of the client actor there (``msg_timeout_ms``, ``identity``, ``connect_ts``,
@@ -180,7 +166,6 @@ class ClientAdopted:
 
 
 @message
-@dataclass(frozen=True)
 class ClientTake:
     """Ask: up to `limit` outbox entries, oldest first (removed from the outbox)."""
 
@@ -188,14 +173,12 @@ class ClientTake:
 
 
 @message
-@dataclass(frozen=True)
 class ClientInfo:
     """Ask: the client's state (subscription, RDY, outbox size)."""
 
 
 @no_spawn
 @message
-@dataclass(frozen=True)
 class ClientProducer:
     """Ask: this client as an nsqd /stats producer (with `pub_counts` per topic), or
     None if it never published."""

@@ -43,7 +43,6 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from actors.broker import health
@@ -90,7 +89,6 @@ def refusal(e: Exception) -> tuple[str, str, bool]:
 
 
 @message
-@dataclass(frozen=True)
 class DqOpen:
     """Ask: open (or report on) the storage. Reply: `(depth, deferred entries)`.
 
@@ -103,19 +101,16 @@ class DqOpen:
 
 @no_spawn
 @message
-@dataclass(frozen=True)
 class DqIdle:
     """To itself, ``--queue-idle-close`` after a message: close the files if still idle."""
 
 
 @message
-@dataclass(frozen=True)
 class DqReopened:
     """To the owner: this disk-queue actor (re)started; re-sync with `DqOpen`."""
 
 
 @message
-@dataclass(frozen=True)
 class DqPut:
     """Append messages (NSQ-encoded) to the disk queue."""
 
@@ -125,7 +120,6 @@ class DqPut:
 
 
 @message
-@dataclass(frozen=True)
 class DqRead:
     """Read up to `limit` messages; the reply is a `DqMessages` told to `reply_to`."""
 
@@ -135,7 +129,6 @@ class DqRead:
 
 @no_spawn
 @message
-@dataclass(frozen=True)
 class DqMessages:
     """Messages read from disk: `(position, encoded)` pairs (told to the owner)."""
 
@@ -147,7 +140,6 @@ class DqMessages:
 
 
 @message
-@dataclass(frozen=True)
 class DqWriteFailed:
     """To the owner: a `DqPut` of `count` messages failed (disk full); nothing was written."""
 
@@ -156,7 +148,6 @@ class DqWriteFailed:
 
 
 @message
-@dataclass(frozen=True)
 class DqAck:
     """Finished messages: their disk positions can go."""
 
@@ -164,7 +155,6 @@ class DqAck:
 
 
 @message
-@dataclass(frozen=True)
 class DqDefer:
     """Keep messages in the delayed store: `(due_ns, message id, encoded)`."""
 
@@ -174,7 +164,6 @@ class DqDefer:
 
 
 @message
-@dataclass(frozen=True)
 class DqUndefer:
     """Finished deferred messages: remove them from the delayed store."""
 
@@ -182,25 +171,21 @@ class DqUndefer:
 
 
 @message
-@dataclass(frozen=True)
 class DqEmpty:
     """Drop everything stored (queue and delayed store)."""
 
 
 @message
-@dataclass(frozen=True)
 class DqDelete:
     """Remove every file (the next message opens a fresh, empty queue)."""
 
 
 @message
-@dataclass(frozen=True)
 class DqStats:
     """Ask: the storage's stats dict."""
 
 
 @message
-@dataclass(frozen=True)
 class DqRetain:
     """A topic with retention: append its published records to its history, then trim
     it by the policy (``max_age_ns`` / ``max_bytes``, 0: no limit of that kind) at
@@ -218,7 +203,6 @@ class DqRetain:
 
 
 @message
-@dataclass(frozen=True)
 class DqTrim:
     """Trim the history by the policy (as `DqRetain`, appending nothing); with both
     limits 0 (retention turned off), delete it."""
@@ -229,13 +213,11 @@ class DqTrim:
 
 
 @message
-@dataclass(frozen=True)
 class DqHistoryStats:
     """Ask: the history's ``retained_bytes`` and ``oldest_retained_timestamp`` (ns)."""
 
 
 @message
-@dataclass(frozen=True)
 class DqHistoryFind:
     """Ask: where a rewind starts -- at the first record published at or after
     `since_ns`, or (`message_id`, 16 hex bytes) at that message.  Reply: ``(start,
@@ -247,7 +229,6 @@ class DqHistoryFind:
 
 
 @message
-@dataclass(frozen=True)
 class DqHistoryRead:
     """Read up to `limit` history records from `position`, before `end`; the answer, a
     `DqHistoryBatch` for `channel`, is told to `reply_to`."""
@@ -261,7 +242,6 @@ class DqHistoryRead:
 
 @no_spawn
 @message
-@dataclass(frozen=True)
 class DqHistoryBatch:
     """History records for a channel's rewind, and the position after them."""
 
@@ -271,7 +251,6 @@ class DqHistoryBatch:
 
 
 @message
-@dataclass(frozen=True)
 class DqFind:
     """Ask: where the message `message_id` (16 hex bytes) is in this storage.  Reply:
     ``(queued, retained)``: ``(record, read)`` if the queue still holds it (`read`:

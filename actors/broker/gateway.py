@@ -21,7 +21,7 @@ import os
 import secrets
 import socket
 import time
-from dataclasses import asdict, dataclass, is_dataclass, replace
+from dataclasses import asdict, is_dataclass, replace
 from typing import Any
 
 from actors.broker import connections, health
@@ -82,7 +82,6 @@ _COMMANDS = {
 
 
 @message
-@dataclass(frozen=True)
 class ListenerInfo:
     """Ask a listener: `{"protocol", "host", "port", "error"}`."""
 

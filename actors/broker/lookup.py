@@ -47,7 +47,6 @@ import select
 import socket
 import time
 import urllib.parse
-from dataclasses import dataclass
 from typing import Any
 
 from actors.broker.gateway import ListenerInfo
@@ -83,7 +82,6 @@ _FIRST_RETRY = 0.1
 
 
 @message
-@dataclass(frozen=True)
 class Announce:
     """A topic (``channel`` empty) or a channel appeared, or (``gone``) went."""
 
@@ -93,7 +91,6 @@ class Announce:
 
 
 @message
-@dataclass(frozen=True)
 class ChannelsOf:
     """Ask: the channels the lookup daemon knows for `topic` (``[]`` if it cannot say)."""
 
@@ -101,7 +98,6 @@ class ChannelsOf:
 
 
 @message
-@dataclass(frozen=True)
 class _Tick:
     """Ping now (connected), or connect now (not connected)."""
 
@@ -109,7 +105,6 @@ class _Tick:
 
 
 @message
-@dataclass(frozen=True)
 class _Watch:
     """Look whether the daemon closed the connection (every second, without blocking)."""
 

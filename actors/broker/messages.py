@@ -9,7 +9,6 @@ import each other.  Disk-queue messages are in `actors.broker.diskqueue`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from actors.runtime.actor import no_spawn
@@ -18,7 +17,6 @@ from transport.mailbox.envelope import message
 # --------------------------------------------------------------- to a channel
 
 @message
-@dataclass(frozen=True)
 class ChannelPut:
     """New messages from the topic (NSQ-encoded)."""
 
@@ -28,7 +26,6 @@ class ChannelPut:
 
 
 @message
-@dataclass(frozen=True)
 class ChannelPutDeferred:
     """Deferred messages from the topic: `(encoded, due_ns)`."""
 
@@ -38,7 +35,6 @@ class ChannelPutDeferred:
 
 
 @message
-@dataclass(frozen=True)
 class Sub:
     """A client subscribes with its message timeout, and what /stats shows of it."""
 
@@ -48,7 +44,6 @@ class Sub:
 
 
 @message
-@dataclass(frozen=True)
 class Rdy:
     """A client's RDY count; also its periodic lease refresh (a channel that restarted
     and lost its subscriptions re-learns the client from it)."""
@@ -59,7 +54,6 @@ class Rdy:
 
 
 @message
-@dataclass(frozen=True)
 class Fin:
     """A client finished these messages (ids as 16 hex bytes)."""
 
@@ -68,7 +62,6 @@ class Fin:
 
 
 @message
-@dataclass(frozen=True)
 class Req:
     """A client requeues a message, now (0) or after `delay_ms`."""
 
@@ -78,7 +71,6 @@ class Req:
 
 
 @message
-@dataclass(frozen=True)
 class Touch:
     """A client needs more time for a message."""
 
@@ -87,7 +79,6 @@ class Touch:
 
 
 @message
-@dataclass(frozen=True)
 class Unsub:
     """A client left (CLS, disconnect, heartbeat timeout)."""
 
@@ -96,7 +87,6 @@ class Unsub:
 
 @no_spawn
 @message
-@dataclass(frozen=True)
 class Scan:
     """From the scanner: process in-flight and deferred work due at `now_ns`."""
 
@@ -105,7 +95,6 @@ class Scan:
 
 
 @message
-@dataclass(frozen=True)
 class ChannelCommand:
     """Operator command: `pause`, `unpause`, `empty`, `delete`, `hello` (ensure started)."""
 
@@ -113,7 +102,6 @@ class ChannelCommand:
 
 
 @message
-@dataclass(frozen=True)
 class ChannelStats:
     """Ask: this channel's stats (nsqd's /stats shape); `include_storage` adds its disk
     queue's (``storage``: chunks with their messages, reads, writes, cache state)."""
@@ -123,7 +111,6 @@ class ChannelStats:
 
 
 @message
-@dataclass(frozen=True)
 class ChannelFind:
     """Ask: where the message `message_id` (16 hex bytes) is in this channel (#21).
     Reply: None if the channel does not hold it, else ``{"state": "queued" |
@@ -135,7 +122,6 @@ class ChannelFind:
 
 @no_spawn
 @message
-@dataclass(frozen=True)
 class Deliver:
     """To a client actor: messages to send, from `channel` (`topic/channel`)."""
 
@@ -150,7 +136,6 @@ class Deliver:
 
 @no_spawn
 @message
-@dataclass(frozen=True)
 class ClientError:
     """To a client actor: an error to send it (`BrokerError.to_wire()`)."""
 
@@ -162,7 +147,6 @@ class ClientError:
 
 
 @message
-@dataclass(frozen=True)
 class Publish:
     """Publish bodies (PUB is one body, MPUB many), deferred by `defer_ms` if > 0.
 
@@ -186,7 +170,6 @@ single PUBs are joined, and a run of MPUBs stays in batches of this order."""
 
 @no_spawn
 @message
-@dataclass(frozen=True)
 class PublishDone:
     """To a client actor: the result of its `Publish` number `corr` (None = OK)."""
 
@@ -196,7 +179,6 @@ class PublishDone:
 
 @no_spawn
 @message
-@dataclass(frozen=True)
 class RetentionTick:
     """To a topic itself, on a timer: trim its history by its retention policy (a tick
     of an earlier `generation` is stale: the policy changed since)."""
@@ -205,7 +187,6 @@ class RetentionTick:
 
 
 @message
-@dataclass(frozen=True)
 class Stored:
     """To a topic: the write it asked for with `token` is done (error None) or failed."""
 
@@ -214,7 +195,6 @@ class Stored:
 
 
 @message
-@dataclass(frozen=True)
 class PublishEncoded:
     """Already encoded messages (dead letters keep their id, timestamp and attempts)."""
 
@@ -223,7 +203,6 @@ class PublishEncoded:
 
 @no_spawn
 @message
-@dataclass(frozen=True)
 class ChannelUp:
     """A channel of this topic started.  `revive`: it was re-created by a client that
     still holds a subscription (a lease `Rdy` after a worker restart), so the topic
@@ -235,7 +214,6 @@ class ChannelUp:
 
 
 @message
-@dataclass(frozen=True)
 class ChannelConfig:
     """The topic's settings for its channels, told after each `ChannelUp` and on every
     change: the depth at which a channel's backlog alarm fires (0: off)."""
@@ -244,7 +222,6 @@ class ChannelConfig:
 
 
 @message
-@dataclass(frozen=True)
 class TopicConfig:
     """Ask: set the topic's own settings (`values`: ``backlog_alarm_depth``,
     ``retention_time`` in seconds, ``retention_bytes``, each a number >= 0, or None to
@@ -258,7 +235,6 @@ class TopicConfig:
 
 
 @message
-@dataclass(frozen=True)
 class ChannelRewind:
     """Ask: queue again on `channel` every retained message published at or after
     `since_ns` -- or, with `message_id` (16 hex characters), that message and the
@@ -276,7 +252,6 @@ class ChannelRewind:
 
 
 @message
-@dataclass(frozen=True)
 class ChannelTags:
     """Ask the topic: set channel `channel`'s tag filter (`tags`: the tags it takes;
     empty: every message, as without a filter), creating the channel first if
@@ -289,7 +264,6 @@ class ChannelTags:
 
 
 @message
-@dataclass(frozen=True)
 class ChannelGone:
     """An #ephemeral channel lost its last client: delete it."""
 
@@ -297,7 +271,6 @@ class ChannelGone:
 
 
 @message
-@dataclass(frozen=True)
 class TopicCommand:
     """Ask: `pause`, `unpause`, `empty`, `delete`, `create_channel`, `delete_channel`,
     `pause_channel`, `unpause_channel`, `empty_channel`, `hello` (create the topic),
@@ -317,7 +290,6 @@ backlog of millions reads it once (docs/STORAGE.md, "Finding a message")."""
 
 
 @message
-@dataclass(frozen=True)
 class TopicFind:
     """Ask: the message `message_id` (16 hex bytes), wherever this topic, its channels
     and its history hold it (#21), as ``GET /message`` answers it: ``{"id",
@@ -329,7 +301,6 @@ class TopicFind:
 
 
 @message
-@dataclass(frozen=True)
 class TopicStats:
     """Ask: the topic's stats with its channels' (nsqd's /stats shape)."""
 
@@ -345,7 +316,6 @@ class TopicStats:
 
 
 @message
-@dataclass(frozen=True)
 class ScanRegister:
     """A channel (`topic/channel`) on this worker has work in flight or deferred: sweep it."""
 
@@ -353,7 +323,6 @@ class ScanRegister:
 
 
 @message
-@dataclass(frozen=True)
 class ScanUnregister:
     """A channel was deleted."""
 
@@ -361,7 +330,6 @@ class ScanUnregister:
 
 
 @message
-@dataclass(frozen=True)
 class ScanDone:
     """A channel's answer to `Scan`: whether it had expired work, and whether it has
     nothing in flight or deferred any more (`idle`: it leaves the sweep)."""
@@ -372,7 +340,6 @@ class ScanDone:
 
 
 @message
-@dataclass(frozen=True)
 class Alive:
     """Ask a scanner: answered by its worker's dispatcher -- `/ping`'s probe of the
     path from the gateway to the worker's actors -- with the worker's failed queues
@@ -380,13 +347,11 @@ class Alive:
 
 
 @message
-@dataclass(frozen=True)
 class Swept:
     """Ask a scanner: the channels it sweeps now (those with work in flight or deferred)."""
 
 
 @message
-@dataclass(frozen=True)
 class Tick:
     """The scanner's own timer: time for a sweep (ignored unless `epoch` is the instance's)."""
 

@@ -26,7 +26,6 @@ import gc
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 from actors.broker.gateway import GatewayFacade, ListenerInfo
@@ -48,7 +47,6 @@ def statsd_names(options: BrokerOptions) -> list[str]:
 
 
 @message
-@dataclass(frozen=True)
 class StatsdTick:
     """Push now (and schedule the next push)."""
 

@@ -6,7 +6,6 @@ actor that receives them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from actors.runtime.actor import no_spawn
@@ -16,7 +15,6 @@ from transport.mailbox.envelope import message
 
 
 @message
-@dataclass(frozen=True)
 class PeerIdentify:
     """The broker's IDENTIFY, checked by the codec: nsqlookupd's fields, and ours."""
 
@@ -30,7 +28,6 @@ class PeerIdentify:
 
 
 @message
-@dataclass(frozen=True)
 class PeerRegister:
     """``REGISTER topic [channel]``."""
 
@@ -39,7 +36,6 @@ class PeerRegister:
 
 
 @message
-@dataclass(frozen=True)
 class PeerUnregister:
     """``UNREGISTER topic [channel]``."""
 
@@ -48,21 +44,18 @@ class PeerUnregister:
 
 
 @message
-@dataclass(frozen=True)
 class PeerPing:
     """``PING``."""
 
 
 @no_spawn
 @message
-@dataclass(frozen=True)
 class PeerGone:
     """The broker's connection closed: withdraw everything it announced, then stop."""
 
 
 @no_spawn
 @message
-@dataclass(frozen=True)
 class Reannounce:
     """To the listener, then to each peer: tell the registry again what you announced
     (the registry restarted after a crash and lost it)."""
@@ -72,7 +65,6 @@ class Reannounce:
 
 
 @message
-@dataclass(frozen=True)
 class Identified:
     """A broker identified itself on connection ``info["id"]`` (its remote address)."""
 
@@ -80,7 +72,6 @@ class Identified:
 
 
 @message
-@dataclass(frozen=True)
 class Registered:
     """Connection `peer` announced `topic` (and `channel`, if not empty)."""
 
@@ -90,7 +81,6 @@ class Registered:
 
 
 @message
-@dataclass(frozen=True)
 class Unregistered:
     """Connection `peer` withdrew `channel` of `topic`, or the topic and its channels."""
 
@@ -100,7 +90,6 @@ class Unregistered:
 
 
 @message
-@dataclass(frozen=True)
 class Pinged:
     """Connection `peer` is alive."""
 
@@ -108,7 +97,6 @@ class Pinged:
 
 
 @message
-@dataclass(frozen=True)
 class Left:
     """Connection `peer` closed."""
 
@@ -116,7 +104,6 @@ class Left:
 
 
 @message
-@dataclass(frozen=True)
 class Query:
     """Ask: one of the HTTP API's reads or changes (``what``: ``lookup``, ``topics``,
     ``channels``, ``nodes``, ``debug``, ``topic_create``, ``topic_delete``,
@@ -132,6 +119,5 @@ class Query:
 
 
 @message
-@dataclass(frozen=True)
 class ListenerInfo:
     """Ask: ``{"tcp_port", "http_port", "error"}`` (bound ports; error if one failed)."""

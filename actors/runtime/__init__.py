@@ -2,11 +2,9 @@
 
 Quick start::
 
-    from dataclasses import dataclass
     from actors.runtime import Actor, Supervisor, message
 
     @message
-    @dataclass(frozen=True)
     class Add:
         n: int  # amount to add
 

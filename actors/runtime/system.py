@@ -6,8 +6,6 @@ supervisor, the control CLI and tests use the same wire as actors do.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from transport.mailbox.envelope import message
 
 __all__ = ["SYSTEM", "ActorSummary", "Crash", "ListActors", "Ping", "Spawn"]
@@ -17,13 +15,11 @@ SYSTEM = "$system"
 
 
 @message
-@dataclass(frozen=True)
 class Ping:
     """Liveness probe; the reply is ``(node name, pid)``."""
 
 
 @message
-@dataclass(frozen=True)
 class ListActors:
     """Reply: a tuple of dicts (name, depth, handled, restarts, alive), one per slot."""
 
@@ -32,7 +28,6 @@ class ListActors:
 
 
 @message
-@dataclass(frozen=True)
 class ActorSummary:
     """Reply: one dict per kind of actor on the node (``topic``, ``client``, ...): ``kind``,
     ``node``, ``count``, ``alive``, and ``depth``, ``handled``, ``restarts`` summed.
@@ -43,7 +38,6 @@ class ActorSummary:
 
 
 @message
-@dataclass(frozen=True)
 class Spawn:
     """Create actor ``name`` on this node if it does not exist yet; reply True if created."""
 
@@ -52,7 +46,6 @@ class Spawn:
 
 
 @message
-@dataclass(frozen=True)
 class Crash:
     """Debug hook: make actor ``name`` raise; refused unless debug hooks are on."""
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import pickle
 import zlib
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, FrozenInstanceError, asdict, dataclass, field, fields, replace
 from typing import NamedTuple
 
 import msgpack
@@ -168,3 +169,74 @@ def test_an_unregistered_object_cannot_be_encoded() -> None:
 
     with pytest.raises(TypeError, match="register"):
         registry.encode(TELL, "d", "s", [Unregistered()])
+
+
+# ---------------------------------------------------------------------------
+# @message on a plain class: a frozen dataclass made without dataclasses' codegen
+
+
+@message
+class Made:
+    """A message class declared with @message alone."""
+
+    key: str
+    items: list[int] = field(default_factory=list)
+    n: int = 3
+
+
+def test_a_plain_class_becomes_what_a_frozen_dataclass_would_be() -> None:
+    @dataclass(frozen=True)
+    class Reference:
+        key: str
+        items: list[int] = field(default_factory=list)
+        n: int = 3
+
+    made, ref = Made("k"), Reference("k")
+    assert repr(made) == "Made(key='k', items=[], n=3)"
+    assert repr(ref).endswith(".Reference(key='k', items=[], n=3)")  # (the same shape)
+    assert [f.name for f in fields(made)] == [f.name for f in fields(ref)]
+    assert Made.__match_args__ == Reference.__match_args__ == ("key", "items", "n")
+    assert made == Made("k", [], 3) != Made("k", [1])
+    assert made != ref  # (another class, as dataclasses compare)
+    assert made.items is not Made("k").items  # a fresh list from the factory each time
+    assert hash(Made("k", (1,), 2)) == hash(Made("k", (1,), 2))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="unhashable"):
+        hash(made)  # (a list field, as a frozen dataclass's hash would)
+    with pytest.raises(FrozenInstanceError):
+        made.key = "other"  # type: ignore[misc]
+    with pytest.raises(FrozenInstanceError):
+        del made.n  # type: ignore[misc]
+    assert replace(made, n=4) == Made("k", [], 4)
+    assert asdict(made) == {"key": "k", "items": [], "n": 3}
+    assert pickle.loads(pickle.dumps(made)) == made  # noqa: S301 - its own bytes
+    assert roundtrip([made, Made("j", [2], 5)]) == [Made("k", (), 3), Made("j", (2,), 5)]  # type: ignore[arg-type]
+    match made:
+        case Made(key, n=n):
+            assert (key, n) == ("k", 3)
+        case _:
+            pytest.fail("no match")
+
+
+def test_post_init_runs_and_unusual_fields_fall_back_to_dataclasses() -> None:
+    seen: list[int] = []
+
+    @message
+    class Checked:
+        value: int
+
+        def __post_init__(self) -> None:
+            seen.append(self.value)
+
+    @message
+    class KeywordOnly:
+        a: int
+        _: KW_ONLY
+        b: int = 2
+
+    assert Checked(5).value == 5
+    assert seen == [5]
+    assert KeywordOnly(1, b=3) == KeywordOnly(1, b=3)
+    with pytest.raises(TypeError):
+        KeywordOnly(1, 3)  # type: ignore[misc]
+    with pytest.raises(FrozenInstanceError):
+        KeywordOnly(1).a = 2  # type: ignore[misc]
