@@ -26,9 +26,10 @@ import json
 import random
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
+
+from transport.mailbox.envelope import frozen
 
 __all__ = ["ASK_AGAIN", "AuthError", "AuthServers", "AuthState", "Authorization", "answer",
            "ask", "judge", "parse_state", "query_any"]
@@ -38,7 +39,7 @@ CONNECT_TIMEOUT = 2.0  # nsqd's --http-client-connect-timeout
 REQUEST_TIMEOUT = 5.0  # nsqd's --http-client-request-timeout
 
 
-@dataclass(frozen=True)
+@frozen
 class AuthServers:
     """``--auth-http-address`` (one or more) and ``--auth-http-request-method``."""
 
@@ -51,7 +52,7 @@ class AuthError(Exception):
     never shown to the client: nsqd answers ``E_AUTH_FAILED AUTH failed``)."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Authorization:
     topic: re.Pattern[str]
     channels: tuple[re.Pattern[str], ...]
@@ -65,7 +66,7 @@ class Authorization:
         return any(c.search(channel) for c in self.channels)
 
 
-@dataclass(frozen=True)
+@frozen
 class AuthState:
     identity: str
     identity_url: str

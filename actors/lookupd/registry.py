@@ -29,6 +29,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from transport.mailbox.envelope import frozen
+
 __all__ = ["CHANNEL", "CLIENT", "TOPIC", "PeerInfo", "Producer", "Registration", "Registry"]
 
 CLIENT = "client"
@@ -36,7 +38,7 @@ TOPIC = "topic"
 CHANNEL = "channel"
 
 
-@dataclass(frozen=True)
+@frozen
 class Registration:
     """What is announced: ``(category, key, subkey)``; ``*`` in a query matches any."""
 

@@ -25,13 +25,14 @@ import logging
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any, Protocol
 
 import msgpack
 import zmq
 
 from actors.runtime.errors import ActorsError, AskTimeout, DebugHooksDisabled, UnknownActor
+from transport.mailbox.envelope import frozen
 from transport.mailbox.sockets import ipc_address
 
 __all__ = ["ActorInfo", "ControlClient", "ControlServer", "ProcessInfo"]
@@ -44,7 +45,7 @@ _ERRORS: dict[str, type[ActorsError]] = {
 }
 
 
-@dataclass(frozen=True)
+@frozen
 class ProcessInfo:
     """One process of the runtime."""
 
@@ -60,7 +61,7 @@ class ProcessInfo:
     """Whether the process is running right now."""
 
 
-@dataclass(frozen=True)
+@frozen
 class ActorInfo:
     """One actor slot on a node."""
 

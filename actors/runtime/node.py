@@ -44,7 +44,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from multiprocessing import reduction
 from multiprocessing.connection import wait
 from typing import Any
@@ -62,6 +62,7 @@ from actors.runtime.options import EXIT_ESCALATED, LOG_FORMAT, RuntimeOptions
 from actors.runtime.placement import Placement, split_name
 from actors.runtime.slot import ActorSlot, RestartIntensity
 from actors.runtime.system import ActorSummary, Crash, ListActors, Ping, Spawn
+from transport.mailbox.envelope import frozen
 
 __all__ = ["Node", "NodeSpec", "node_main", "stdio_fds"]
 
@@ -74,7 +75,7 @@ _GC_THRESHOLDS = (20_000, 20, 20)
 allocations (the default) costs a measurable share of a busy node's CPU."""
 
 
-@dataclass(frozen=True)
+@frozen
 class NodeSpec:
     """Everything a node process needs; pickled into the child."""
 

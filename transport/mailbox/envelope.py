@@ -301,8 +301,8 @@ def message(cls: type | None = None, *, tag: int | None = None) -> Any:
     return wrap(cls) if cls is not None else wrap
 
 
-def frozen(cls: type) -> type:
-    """`cls` as ``dataclasses.dataclass(frozen=True)`` makes it -- fields, defaults and
+def frozen(cls: type | None = None, *, slots: bool = False) -> Any:
+    """`cls` as ``dataclasses.dataclass(frozen=True, slots=slots)`` makes it -- fields, defaults and
     default factories, ``__init__`` (then ``__post_init__``), ``__repr__``, ``__eq__``,
     ``__hash__``, immutability, ``__match_args__``, ``dataclasses.fields`` -- in a fifth
     of the time: `dataclasses` finds the fields without generating code, one
@@ -310,13 +310,16 @@ def frozen(cls: type) -> type:
     here.  ``dataclasses`` compiles six functions per class, about 0.7 ms, and a
     process imports some hundred message classes as it starts.  A class using what
     this does not do (keyword-only or ``init=False`` fields, ``InitVar``) is made by
-    ``dataclasses`` itself."""
+    ``dataclasses`` itself.  Also ``@frozen`` and ``@frozen(slots=True)``."""
+    if cls is None:
+        return functools.partial(frozen, slots=slots)
     cls = dataclasses.dataclass(cls, init=False, repr=False, eq=False)
     fields = dataclasses.fields(cls)
     if any(f.kw_only or not f.init for f in fields) or any(
             type(f.type) is dataclasses.InitVar or f.type == "InitVar"
             for f in getattr(cls, "__dataclass_fields__", {}).values()):
-        return dataclasses.dataclass(cls, frozen=True)  # (not the fast path's cases)
+        # (not the fast path's cases)
+        return dataclasses.dataclass(cls, frozen=True, slots=slots)
     names = tuple(f.name for f in fields)
     env: dict[str, Any] = {"_osa": object.__setattr__, "_FACTORY": _FACTORY}
     params, body = [], []
@@ -339,12 +342,35 @@ def frozen(cls: type) -> type:
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     cls.__init__ = init  # type: ignore[misc]
     cls.__message_row__ = _row_getter(names)  # type: ignore[attr-defined]
+    # (what __eq__ compares and __hash__ hashes, as dataclasses has them: compare=,
+    # hash= of each field)
+    cls.__message_compared__ = _row_getter(  # type: ignore[attr-defined]
+        tuple(f.name for f in fields if f.compare))
+    cls.__message_hashed__ = _row_getter(  # type: ignore[attr-defined]
+        tuple(f.name for f in fields if (f.compare if f.hash is None else f.hash)))
     cls.__repr__ = _message_repr  # type: ignore[method-assign]
     cls.__eq__ = _message_eq  # type: ignore[method-assign]
     cls.__hash__ = _message_hash  # type: ignore[method-assign]
     cls.__setattr__ = _message_setattr  # type: ignore[method-assign]
     cls.__delattr__ = _message_delattr  # type: ignore[method-assign]
+    if slots:  # (a class of its own, as dataclasses makes it: slots cannot be added)
+        namespace = {k: v for k, v in cls.__dict__.items()
+                     if k not in names and k not in ("__dict__", "__weakref__")}
+        namespace.update(__slots__=names, __getstate__=_slots_getstate,
+                         __setstate__=_slots_setstate)
+        qualname = cls.__qualname__
+        cls = type(cls)(cls.__name__, cls.__bases__, namespace)
+        cls.__qualname__ = qualname
     return cls
+
+
+def _slots_getstate(self: Any) -> list[Any]:
+    return list(self.__message_row__(self))
+
+
+def _slots_setstate(self: Any, state: Sequence[Any]) -> None:
+    for f, value in zip(dataclasses.fields(self), state, strict=True):
+        object.__setattr__(self, f.name, value)
 
 
 _FACTORY: Any = object()  # (a parameter whose default factory is to be called)
@@ -362,18 +388,18 @@ def _row_getter(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
 def _message_repr(self: Any) -> str:
     cls = type(self)
     return f"{cls.__qualname__}(" + ", ".join(
-        f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(cls)) + ")"
+        f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(cls) if f.repr) + ")"
 
 
 def _message_eq(self: Any, other: Any) -> Any:
     if other.__class__ is self.__class__:
-        row = self.__class__.__message_row__
+        row = self.__class__.__message_compared__
         return row(self) == row(other)
     return NotImplemented
 
 
 def _message_hash(self: Any) -> int:
-    return hash(self.__class__.__message_row__(self))
+    return hash(self.__class__.__message_hashed__(self))
 
 
 def _message_setattr(self: Any, name: str, value: Any) -> None:

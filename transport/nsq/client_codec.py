@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass
 
+from transport.mailbox.envelope import frozen
 from transport.nsq.codec import (
     CLOSED,
     FRAME_TYPE_ERROR,
@@ -62,14 +62,14 @@ _FRAME_HEAD = struct.Struct(">ii")
 _SIZE = struct.Struct(">i")
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Response:
     """A response frame other than a heartbeat: ``OK``, ``CLOSE_WAIT``, IDENTIFY's JSON."""
 
     data: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class ErrorFrame:
     """An error frame; ``error.fatal`` says whether the broker closes the connection."""
 

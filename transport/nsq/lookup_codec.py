@@ -38,9 +38,10 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from transport.mailbox.envelope import frozen
 from transport.nsq.codec import CLOSED, NEED_DATA, Sentinel
 from transport.protocol.validation import ProtocolError, valid_name
 
@@ -73,7 +74,7 @@ _STRINGS = ("hostname", "broadcast_address", "version", "remote_address")
 _INTS = ("tcp_port", "http_port")
 
 
-@dataclass(frozen=True)
+@frozen
 class Identify:
     """``IDENTIFY``: who the broker is (fields checked, keys lower-cased)."""
 
@@ -86,7 +87,7 @@ class Identify:
     """Fields nsqlookupd does not know (ours: ``zmq_port``), kept to pass on."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Register:
     """``REGISTER topic [channel]``; ``channel`` is ``""`` for the topic alone."""
 
@@ -94,7 +95,7 @@ class Register:
     channel: str = ""
 
 
-@dataclass(frozen=True)
+@frozen
 class Unregister:
     """``UNREGISTER topic [channel]``."""
 
@@ -102,7 +103,7 @@ class Unregister:
     channel: str = ""
 
 
-@dataclass(frozen=True)
+@frozen
 class Ping:
     """``PING``: the broker is alive."""
 
@@ -280,7 +281,7 @@ class LookupServerConnection:
 # Client side (the broker's peer)
 
 
-@dataclass(frozen=True)
+@frozen
 class Answer:
     """One answer of the lookup daemon (V1 has no frame type: errors are ``E_*`` text)."""
 

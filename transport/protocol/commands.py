@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, NamedTuple, Protocol
+
+from transport.mailbox.envelope import frozen
 
 __all__ = [
     "HEADER_SIZE",
@@ -52,7 +54,7 @@ HEADER_SIZE = 8 + 2 + MSG_ID_LENGTH
 """Bytes of an encoded message before its body: timestamp, attempts, id."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Identify:
     """IDENTIFY: the client's features; decoders add the negotiated outcome."""
 
@@ -64,14 +66,14 @@ class Identify:
     """The negotiated map to send back; ``None`` means a plain ``OK`` (set by decoders)."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Auth:
     """AUTH: a secret for the auth server."""
 
     secret: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Sub:
     """SUB: subscribe this connection to ``channel`` of ``topic``."""
 
@@ -79,7 +81,7 @@ class Sub:
     channel: str
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Pub:
     """PUB: publish one message (TPUB over ZeroMQ: with a tag, #21)."""
 
@@ -88,7 +90,7 @@ class Pub:
     tag: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Mpub:
     """MPUB: publish several messages atomically (all or none are queued); TMPUB
     over ZeroMQ, with a tag."""
@@ -98,7 +100,7 @@ class Mpub:
     tag: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Dpub:
     """DPUB: publish one message that becomes visible after ``delay_ms``; TDPUB over
     ZeroMQ, with a tag."""
@@ -109,21 +111,21 @@ class Dpub:
     tag: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Rdy:
     """RDY: how many messages the client accepts in flight at once."""
 
     count: int
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Fin:
     """FIN: the client is done with these in-flight messages (one on V2, many on ZeroMQ)."""
 
     ids: tuple[bytes, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Req:
     """REQ: put an in-flight message back, visible again after ``delay_ms``."""
 
@@ -131,24 +133,24 @@ class Req:
     delay_ms: int
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Touch:
     """TOUCH: reset the in-flight timeout of a message."""
 
     id: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Cls:
     """CLS: stop sending messages; the broker answers ``CLOSE_WAIT``."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Nop:
     """NOP: no answer; answers a heartbeat (and, on ZeroMQ, is the client's heartbeat)."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Rewind:
     """REWIND (ZeroMQ, #21): queue again on ``channel`` of ``topic`` what its history kept
     from ``since_ns`` on, or from the message ``message_id`` (16 hex characters) on."""
@@ -164,7 +166,7 @@ Command = (Identify | Auth | Sub | Pub | Mpub | Dpub | Rdy | Fin | Req | Touch |
 """Every client command."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Heartbeat:
     """The broker checks the client is alive; answer with NOP."""
 

@@ -28,9 +28,9 @@ Pure functions: no sockets, no clock.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from transport.mailbox.envelope import frozen
 from transport.protocol.validation import Limits, ProtocolError
 
 __all__ = [
@@ -48,7 +48,7 @@ DEFAULT_OUTPUT_BUFFER_TIMEOUT = 250
 """nsqd's default flush interval in ms."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class ServerInfo:
     """What the broker says about itself in an IDENTIFY reply."""
 
@@ -66,7 +66,7 @@ class ServerInfo:
     """Snappy is offered (nsqd's ``--snappy``)."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class IdentifySettings:
     """The connection's settings after IDENTIFY (durations in ms)."""
 

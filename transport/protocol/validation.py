@@ -34,11 +34,11 @@ from __future__ import annotations
 
 import re
 import struct
-from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
 from typing import Any
 
+from transport.mailbox.envelope import frozen
 from transport.protocol.commands import MSG_ID_LENGTH, Cls, Command, Identify, Sub
 
 __all__ = [
@@ -141,7 +141,7 @@ def invalid_command(name: bytes) -> ProtocolError:
 # Limits
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Limits:
     """The broker's limits that the codecs enforce (nsqd's flags; durations in ms)."""
 

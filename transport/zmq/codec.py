@@ -41,11 +41,11 @@ Replies (broker to client) are lists of frames:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import msgpack
 
+from transport.mailbox.envelope import frozen
 from transport.protocol.commands import (
     Auth,
     Cls,
@@ -401,7 +401,7 @@ def encode_request(command: Command, corr: bytes | None = None) -> list[bytes]:
     return frames
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Ok:
     """``OK``: the request with this correlation frame succeeded."""
 
@@ -410,7 +410,7 @@ class Ok:
     """IDENTIFY's msgpack map, CLS's ``CLOSE_WAIT``, else None."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class ErrorReply:
     """``ERROR``: the request failed; ``error.fatal`` means the session was reset."""
 
@@ -418,7 +418,7 @@ class ErrorReply:
     error: ProtocolError
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Messages:
     """One or more deliveries."""
 

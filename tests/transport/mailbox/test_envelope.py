@@ -16,6 +16,7 @@ from transport.mailbox.envelope import (
     TELL,
     CodecError,
     MessageRegistry,
+    frozen,
     message,
     registry,
 )
@@ -184,6 +185,12 @@ class Made:
     n: int = 3
 
 
+@frozen(slots=True)
+class SlotsMade:
+    key: str
+    values: tuple[int, ...] = ()
+
+
 def test_a_plain_class_becomes_what_a_frozen_dataclass_would_be() -> None:
     @dataclass(frozen=True)
     class Reference:
@@ -215,6 +222,25 @@ def test_a_plain_class_becomes_what_a_frozen_dataclass_would_be() -> None:
             assert (key, n) == ("k", 3)
         case _:
             pytest.fail("no match")
+
+
+def test_fields_left_out_of_compare_or_hash_are_left_out_as_dataclasses_leave_them() -> None:
+    @frozen(slots=True)
+    class Cmd:
+        data: dict = field(hash=False)
+        settings: object = field(default=None, compare=False, hash=False)
+        n: int = 0
+
+    a, b = Cmd({}, settings=1, n=2), Cmd({}, settings=None, n=2)
+    assert a == b
+    assert a != Cmd({}, n=3)
+    assert hash(Cmd((), n=2)) == hash(Cmd((), settings=[], n=2))  # type: ignore[arg-type]
+    assert not hasattr(a, "__dict__")
+    assert Cmd.__slots__ == ("data", "settings", "n")
+    with pytest.raises(FrozenInstanceError):
+        a.n = 1  # type: ignore[misc]
+    slotted = SlotsMade("k", (1, 2))
+    assert pickle.loads(pickle.dumps(slotted)) == slotted  # noqa: S301 - its own bytes
 
 
 def test_post_init_runs_and_unusual_fields_fall_back_to_dataclasses() -> None:
