@@ -48,11 +48,12 @@ def _time(h: History, ids: list[bytes]) -> list[float]:
     return out
 
 
-def _line(name: str, ms: list[float]) -> str:
+def _line(name: str, ms: list[float], what: str = "lookups") -> str:
+    """`name`'s p50, p99 and max of `ms` (milliseconds), and how many `what`."""
     ms = sorted(ms)
     p99 = ms[min(len(ms) - 1, int(len(ms) * 0.99))]
-    return (f"  {name:<18} p50 {statistics.median(ms):7.3f} ms   p99 {p99:7.3f} ms   "
-            f"max {ms[-1]:7.3f} ms   ({len(ms)} lookups)")
+    return (f"  {name:<22} p50 {statistics.median(ms):7.3f} ms   p99 {p99:7.3f} ms   "
+            f"max {ms[-1]:8.3f} ms   ({len(ms)} {what})")
 
 
 def main(argv: list[str] | None = None) -> int:

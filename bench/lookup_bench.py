@@ -28,12 +28,12 @@ import json
 import os
 import random
 import shutil
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
 
 from actors.broker.nsq_message import record_id
+from bench.history_bench import _line as history_line
 from bench.tags_bench import _post, launched_broker
 from storage.chunk import iter_messages
 from transport.client import Producer
@@ -59,10 +59,7 @@ def _timed(conn: http.client.HTTPConnection, paths: list[str],
 
 
 def _line(name: str, ms: list[float]) -> str:
-    ms = sorted(ms)
-    p99 = ms[min(len(ms) - 1, int(len(ms) * 0.99))]
-    return (f"  {name:<22} p50 {statistics.median(ms):7.3f} ms   p99 {p99:7.3f} ms   "
-            f"max {ms[-1]:8.3f} ms   ({len(ms)} requests)")
+    return history_line(name, ms, "requests")
 
 
 def _sample_ids(history: str, count: int) -> list[bytes]:

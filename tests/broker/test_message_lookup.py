@@ -19,6 +19,7 @@ from storage.chunk import iter_messages
 from tests.broker.conftest import broker_options
 from tests.broker.test_broker_actors import kill_worker, wait_for
 from tests.broker.test_http_broker import call
+from tests.broker.test_retention import dead_letter, dead_letter_broker
 from transport.client import Consumer, Message
 
 pytestmark = pytest.mark.timeout(90)
@@ -144,37 +145,23 @@ def test_without_retention_a_message_is_found_while_some_channel_holds_it(tmp_pa
 
 
 def test_a_dead_letter_is_found_in_its_dead_letter_topic_under_its_own_id(tmp_path):
-    b = Broker(broker_options(tmp_path / "data", retention_bytes=10_000_000,
-                              max_attempts=1)).start()
+    b = dead_letter_broker(tmp_path, "dlq")
     try:
-        b.topic_command("orders", "hello")
-        b.topic_command("orders", "create_channel", "c")
-        b.topic_command("orders.dead", "hello")
-        b.topic_command("orders.dead", "create_channel", "dlq")
-        b.publish("orders", [b"poison"])
-        refused: list[bytes] = []
-
-        def refuse(m: Message) -> None:
-            refused.append(m.id)
-            m.requeue(0)  # (max_attempts 1: its next delivery would be the second)
-
-        with Consumer("orders", "c", refuse, b.zmq_endpoint):
-            wait_for(lambda: b.topic_stats("orders.dead")["message_count"] == 1,
-                     what="the dead letter")
+        dead_id = dead_letter(b, b"poison")
         # Given the dead letter: its topic no longer holds it (consumed: dead-lettered)
-        original = lookup(b, "orders", refused[0])[1]
+        original = lookup(b, "orders", dead_id)[1]
         assert (original["state"], original["channels"]) == ("consumed",
                                                              {"c": {"state": "consumed"}})
         # Then its dead-letter topic has it under the same id, queued, attempts anew
-        dead = lookup(b, "orders.dead", refused[0])[1]
+        dead = lookup(b, "orders.dead", dead_id)[1]
         assert (dead["state"], body_of(dead), dead["channels"]) == (
             "queued", b"poison", {"dlq": {"state": "queued", "attempts": 0}})
         # and, consumed there, still finds it in that topic's history
         with Consumer("orders.dead", "dlq", lambda m: None, b.zmq_endpoint):
-            wait_for(lambda: lookup(b, "orders.dead", refused[0])[1]["state"] == "consumed",
+            wait_for(lambda: lookup(b, "orders.dead", dead_id)[1]["state"] == "consumed",
                      what="the dead letter consumed")
         # and a rewind from its id replays it there
-        assert b.channel_rewind("orders.dead", "dlq", message_id=refused[0].decode()) == 1
+        assert b.channel_rewind("orders.dead", "dlq", message_id=dead_id.decode()) == 1
     finally:
         b.stop()
 

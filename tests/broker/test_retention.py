@@ -8,6 +8,7 @@ import json
 import os
 import random
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -430,22 +431,43 @@ def test_rewind_over_zeromq_answers_how_many_and_refusals_keep_the_session(tmp_p
         b.stop()
 
 
-def test_a_dead_letter_enters_its_topics_history_at_the_time_it_comes(tmp_path):
+def dead_letter_broker(tmp_path: Path, *dead_channels: str) -> Broker:
+    """A broker keeping history, whose messages go to the dead-letter topic after one
+    delivery (max_attempts 1): topic ``orders`` with channel ``c``, and ``orders.dead``
+    with `dead_channels`."""
     b = Broker(broker_options(tmp_path / "data", retention_bytes=10_000_000,
                               max_attempts=1)).start()
+    b.topic_command("orders", "hello")
+    b.topic_command("orders", "create_channel", "c")
+    b.topic_command("orders.dead", "hello")
+    for channel in dead_channels:
+        b.topic_command("orders.dead", "create_channel", channel)
+    return b
+
+
+def dead_letter(b: Broker, body: bytes) -> bytes:
+    """Publish `body` to ``orders`` and refuse it (REQ) until it is a dead letter; its id."""
+    b.publish("orders", [body])
+    refused: list[bytes] = []
+
+    def refuse(m: Message) -> None:
+        refused.append(m.id)
+        m.requeue(0)  # (max_attempts 1: its next delivery would be the second)
+
+    before = _topic(b, "orders.dead")["message_count"]
+    with Consumer("orders", "c", refuse, b.zmq_endpoint):
+        wait_for(lambda: _topic(b, "orders.dead")["message_count"] == before + 1,
+                 what="the dead letter")
+    return refused[0]
+
+
+def test_a_dead_letter_enters_its_topics_history_at_the_time_it_comes(tmp_path):
+    b = dead_letter_broker(tmp_path)
     try:
-        b.topic_command("orders", "hello")
-        b.topic_command("orders", "create_channel", "c")
-        b.topic_command("orders.dead", "hello")
-        b.publish("orders", [b"poison"])
+        started = time.time_ns()
+        dead_letter(b, b"poison")
         published = _topic(b, "orders")["oldest_retained_timestamp"]
-
-        def refuse(m: Message) -> None:
-            m.requeue(0)  # (max_attempts 1: its next delivery would be the second)
-
-        with Consumer("orders", "c", refuse, b.zmq_endpoint):
-            wait_for(lambda: _topic(b, "orders.dead")["message_count"] == 1,
-                     what="the dead letter")
+        assert published >= started
         # its history keeps it in the order it came, not at its first publish's time
         wait_for(lambda: _topic(b, "orders.dead")["oldest_retained_timestamp"] > published,
                  what="the dead letter in its topic's history")
