@@ -318,8 +318,17 @@ def test_a_crashed_client_actor_releases_what_it_held_at_once(start_broker):
 
 def test_an_ephemeral_topic_is_deleted_when_its_last_channel_goes(start_broker):
     b = start_broker(mem_queue_size=5)
-    c = Client(b, "c").sub("live#ephemeral", "view#ephemeral", rdy=0)
-    wait_for(lambda: _stats(b, "live#ephemeral")["channels"], what="channel")
+    c = Client(b, "c").sub("live#ephemeral", "view#ephemeral", rdy=1)
+
+    def ready_count() -> int:
+        clients = _channel_stats(b, "live#ephemeral", "view#ephemeral")["clients"]
+        return clients[0]["ready_count"] if clients and clients != -1 else -1
+
+    # (the channel has seen the client's RDY: a client whose RDY has not come yet
+    # counts as room for the most it may ask, and the test wants room for none)
+    wait_for(lambda: ready_count() == 1, what="RDY 1 at the channel")
+    c.send(ClientRdy(0))
+    wait_for(lambda: ready_count() == 0, what="RDY 0 at the channel")
     b.publish("live#ephemeral", [b"x"] * 20)
     wait_for(lambda: _channel_stats(b, "live#ephemeral", "view#ephemeral")["depth"] == 5,
              what="memory full")
