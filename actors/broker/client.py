@@ -257,6 +257,13 @@ class ClientActor(Actor):
             self._send_publishes()
             self._send_fins()
         match msg:
+            case Deliver(messages=messages) if self.closed and self.channel is not None:
+                # Sent by the channel before it had this client's RDY 0 of its CLS: nsqd
+                # sends nothing after CLS, and a ZeroMQ client may have closed its socket
+                # once CLS was answered (a DEALER's close cannot be seen), where these
+                # would wait, in flight, for the session to be dropped for silence.
+                for m in messages:
+                    self.tell(self.channel, Req(self.name, m[10:26], 0))
             case Deliver(channel=channel, messages=messages):
                 conn = connections.lookup(self.name)
                 if conn is not None:

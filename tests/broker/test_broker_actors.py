@@ -32,7 +32,7 @@ from actors.broker.client import (
     ClientTake,
 )
 from actors.broker.errors import BrokerError
-from actors.broker.messages import Swept
+from actors.broker.messages import Deliver, Swept
 from actors.broker.nsq_message import decode_message
 from tests.broker.conftest import broker_options
 
@@ -335,6 +335,26 @@ def test_an_ephemeral_topic_is_deleted_when_its_last_channel_goes(start_broker):
     assert _channel_stats(b, "live#ephemeral", "view#ephemeral")["dropped_count"] == 15
     c.send(ClientGone())
     wait_for(lambda: _stats(b, "live#ephemeral")["message_count"] == 0, what="topic deleted")
+
+
+def test_a_delivery_that_comes_after_cls_goes_back_to_the_channel_at_once(start_broker):
+    # Given a client holding one message in flight, which then sends CLS
+    b = start_broker()
+    c = Client(b, "late").sub("t", "c", rdy=1)
+    wait_for(lambda: _channel_stats(b, "t", "c")["client_count"] == 1, what="sub")
+    b.publish("t", [b"m"])
+    wait_for(lambda: c.wait_messages(1), what="the delivery")
+    (encoded,) = c.messages
+    c.send(ClientClose())
+    # When a delivery the channel sent before it had the CLS's RDY 0 comes after the CLS
+    # (here: that message again, still in flight to this client)
+    c.send(Deliver("t/c", [encoded]))
+    # Then it is not sent on (a ZeroMQ client may have closed its socket once CLS was
+    # answered) but requeued at once, not left in flight until the session is dropped
+    wait_for(lambda: _channel_stats(b, "t", "c")["in_flight_count"] == 0
+             and _channel_stats(b, "t", "c")["depth"] == 1, what="the message requeued")
+    c.poll()
+    assert len(c.messages) == 1
 
 
 def test_pause_empty_and_delete(start_broker, tmp_path):
