@@ -78,6 +78,7 @@ class FakeFacade:
                                           "hostname": "host", "http_port": 0,
                                           "tcp_port": 4150, "start_time": NOW}
         self.gate: threading.Event | None = None
+        self.rewinding = threading.Semaphore(0)  # released by each rewind as it starts
 
     def _record(self, *call: Any) -> None:
         self.calls.append(call)
@@ -111,6 +112,7 @@ class FakeFacade:
                        message_id: str = "", *, create: bool = False,
                        tags: list[str] | None = None) -> dict:
         self._record("channel_rewind", topic, channel, since_ns, message_id)
+        self.rewinding.release()
         if self.gate is not None:
             assert self.gate.wait(5)
         return {"messages": 0}
@@ -905,10 +907,8 @@ def test_rewinds_that_wait_long_never_hold_the_threads_publishes_need(
         call(server, "POST", "/channel/rewind?topic=t&channel=c&from=0"))) for _ in range(10)]
     for client in clients:
         client.start()
-    deadline = time.monotonic() + 5
-    while sum(c[0] == "channel_rewind" for c in facade.calls) < 4 \
-            and time.monotonic() < deadline:
-        time.sleep(0.001)
+    for _ in range(4):  # (the four the rewinds' pool runs at once)
+        assert facade.rewinding.acquire(timeout=5)
     # When a client publishes meanwhile (the gate held by the four rewinds running,
     # not by publishes), Then its publish is answered at once
     gate, facade.gate = facade.gate, None
