@@ -16,7 +16,7 @@ options), builds a DataFrame of ``--rows`` rows whose JSON form is about
 * **foreachPartition**: ``df.foreachPartition(PartitionPublisher(...))``: the
   same, but the Python workers build each ``Row`` and serialise it;
 * **drain_to_parquet**: the topic ``publish(df)`` filled, back to Parquet with
-  the default reader (batches of 10,000, each written, fsynced and FINed);
+  the default reader (batches of 50,000, each written, fsynced and FINed);
   #16's targets are >= 0.5x consume and >= 1.0x ``publish(df)``;
 * **bare publish**: publish(df)'s client path without Spark, the broker's own
   publish-only rate: as many processes as Spark runs tasks at once, each a
@@ -36,6 +36,7 @@ Spark and the broker share the machine's cores, as they would on one node.
 from __future__ import annotations
 
 import argparse
+import inspect
 import multiprocessing
 import os
 import platform
@@ -54,6 +55,8 @@ from actors.broker import Broker
 from actors.broker.options import BrokerOptions
 from transport.client import Consumer, Message, Producer
 from transport.spark import PartitionPublisher, PublishCounters, drain_to_parquet, to_json
+
+DRAIN_BATCH = inspect.signature(drain_to_parquet).parameters["batch_size"].default
 
 
 def main() -> None:
@@ -123,7 +126,7 @@ def main() -> None:
                         if how == "rows":  # the broker's own consume rate, same client
                             t = time.perf_counter()
                             _consume(broker.zmq_endpoint, topic, a.rows,
-                                     drain_options.get("batch_size", 10_000))
+                                     drain_options.get("batch_size", DRAIN_BATCH))
                             consume.append(a.rows / (time.perf_counter() - t))
                         if how == "publish":  # and back: the topic to Parquet
                             out = os.path.join(tmp, f"drain-{size}-{run}")

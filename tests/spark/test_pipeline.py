@@ -341,12 +341,13 @@ def test_a_batch_held_longer_than_the_message_timeout_is_kept_by_touching(spark,
                          msg_timeout_ms=2_000, idle_timeout=5, batch_timeout=1) as reader:
             batch = next(reader.batches())
             assert batch.rows == 50
-            # When the batch is held until the keeper has touched each message three times
-            # (three half-timeouts: past the 2 s timeout) before its commit
+            # When the batch is held until the keeper has touched each message five times
+            # (it touches each quarter of the timeout: 1.5 s after the first, and so
+            # past the 2 s timeout) before its commit
             touches = []
             touch = Message.touch
             monkeypatch.setattr(Message, "touch", lambda m: (touches.append(m.id), touch(m)))
-            wait_until(lambda: len(touches) >= 3 * 50, 30, "three rounds of TOUCH")
+            wait_until(lambda: len(touches) >= 5 * 50, 30, "five rounds of TOUCH")
             batch.commit()
         # Then nothing timed out and nothing came again
         wait_until(lambda: broker.stats("slow")["topics"][0]["channels"][0]["in_flight_count"]
@@ -375,6 +376,74 @@ def test_a_message_the_reader_committed_is_left_out_when_it_comes_again(spark):
     assert len(session.fins) == 4  # the duplicate is FINed with its batch
     # the window holds the last two committed (2 and 3): 1 would be written again
     assert reader._build([message(1), message(3)]).duplicates == 1
+
+
+def test_the_next_batch_is_made_while_the_caller_holds_this_one_and_deduplicated_after(
+        spark, monkeypatch):
+    # Given a reader (no broker: the test hands it deliveries) with batches of two, and
+    # deliveries of 1, 2, a redelivery of 2 (its first copy not yet committed) and 3
+    reader = TopicReader(spark, "t", "c", "tcp://127.0.0.1:1", schema=SCHEMA, batch_size=2,
+                         batch_timeout=0.2, idle_timeout=None, dedupe_window=10)
+    session = SimpleNamespace(fins=deque(), outbox=deque(), thread=None, endpoint="tcp://b")
+
+    def message(i: int) -> Message:
+        return Message(b"%016d" % i, json.dumps({"id": i, "name": "x"}).encode(), 0, 1,
+                       session)
+
+    prepared = threading.Semaphore(0)
+    prepare_next = reader._prepare_next
+
+    def counted() -> Any:
+        try:
+            return prepare_next()
+        finally:
+            prepared.release()
+    monkeypatch.setattr(reader, "_prepare_next", counted)
+    for m in (message(1), message(2), message(2), message(3)):
+        reader._delivered(m)
+    try:
+        batches = reader.batches()
+        first = next(batches)
+        assert sorted(r.id for r in first.df.collect()) == [1, 2]
+        # When the caller still holds the first batch, Then the second is made already
+        assert prepared.acquire(timeout=30)
+        first.commit()
+        # And, asked for after the commit, it leaves out the redelivery of 2
+        second = next(batches)
+        assert (second.rows, second.duplicates) == (1, 1)
+        assert [r.id for r in second.df.collect()] == [3]
+        second.commit()
+        assert len(session.fins) == 4  # (the duplicate FINed with its batch)
+        # And a third is made of what comes next
+        reader._delivered(message(4))
+        assert prepared.acquire(timeout=30)
+    finally:
+        # When the reader closes, Then the batch made ready and not yielded is requeued
+        reader.close()
+    assert [type(c).__name__ for c in session.outbox] == ["Req"]
+    assert session.outbox[0].id == b"%016d" % 4
+
+
+def test_closing_a_reader_wakes_a_batch_waiting_for_its_first_message(spark):
+    # Given a reader that waits for ever for a first message (idle_timeout None)
+    reader = TopicReader(spark, "t", "c", "tcp://127.0.0.1:1", schema=SCHEMA,
+                         idle_timeout=None)
+    got: list[Any] = []
+    gathering = threading.Event()
+    gather = reader._gather
+
+    def entered() -> Any:
+        gathering.set()
+        return gather()
+    reader._gather = entered  # type: ignore[method-assign]
+    waiting = threading.Thread(target=lambda: got.extend(reader.batches()))
+    waiting.start()
+    # When it is closed from another thread while it waits
+    assert gathering.wait(30)
+    reader.close()
+    # Then the wait ends at once with no batch (the test's timeout says otherwise)
+    waiting.join()
+    assert got == []
 
 
 def test_two_brokers_messages_with_the_same_id_are_two_messages(spark):
