@@ -6,7 +6,7 @@ from actors.runtime import forkserver
 if __name__ == "__main__":
     # The fork server imports what the nodes run while this process imports the
     # supervisor's side: two cores, two imports at once (actors.runtime.forkserver).
-    forkserver.start(NODE_MODULES)
+    forkserver.start(NODE_MODULES, fork=True)
     from actors.broker.broker import main
 
     forkserver.exit_now(main())

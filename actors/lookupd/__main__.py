@@ -5,7 +5,8 @@ from actors.lookupd.nodes import NODE_MODULES
 from actors.runtime import forkserver
 
 if __name__ == "__main__":
-    forkserver.start(NODE_MODULES)  # (its imports beside ours: actors.runtime.forkserver)
+    # (its imports beside ours: actors.runtime.forkserver)
+    forkserver.start(NODE_MODULES, fork=True)
     from actors.lookupd.lookupd import main
 
     forkserver.exit_now(main())

@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -171,6 +172,50 @@ def test_the_nodes_stop_when_their_supervisor_is_killed_and_a_restart_loses_noth
     processes.append(again)
     again.wait_running()
     assert _channel_depth(again, "t", "c") == 50
+
+
+def _processes(b: BrokerProcess) -> dict[str, dict[str, Any]]:
+    """The processes /stats lists, by name ({} while it cannot answer: a stats request
+    that asks a worker killed a moment before waits for it, then answers 500)."""
+    status, body = b.request("GET", "/stats?format=json")
+    return {p["name"]: p for p in json.loads(body)["processes"]} if status == 200 else {}
+
+
+def test_the_fork_server_and_resource_tracker_are_forks_and_a_killed_worker_comes_back(
+        tmp_path, processes):
+    # Given `python -m actors.broker`, storing each message before its OK
+    b = BrokerProcess(tmp_path / "data", tmp_path / "b.log", None, "--mem-queue-size", "0")
+    processes.append(b)
+    b.wait_running()
+    supervisor = psutil.Process(b.proc.pid)
+    # Then its fork server and multiprocessing's resource tracker are forks of it (two
+    # interpreter starts fewer), not interpreters spawned with `-c from multiprocessing`
+    helpers = supervisor.children()
+    assert len(helpers) == 2, [p.cmdline() for p in helpers]
+    assert all(p.cmdline() == supervisor.cmdline() for p in helpers)
+    assert not [p for p in b.children() if "multiprocessing" in " ".join(p.cmdline())]
+    (server,) = [p for p in helpers if p.children()]  # (the tracker forks nothing)
+    assert {p.pid for p in server.children()} == {
+        p["pid"] for p in _processes(b).values() if p["role"] != "supervisor"}
+    assert b.request("POST", "/pub?topic=t", b"kept")[0] == 200
+    # When the worker is killed -9
+    worker = _processes(b)["worker-0"]
+    os.kill(worker["pid"], signal.SIGKILL)
+    # Then the supervisor starts it again from the same server, and it has the message
+    def restarted() -> bool:
+        now = _processes(b).get("worker-0")
+        return bool(now and now["restarts"] == worker["restarts"] + 1 and now["pid"])
+    wait_for(restarted, 60, "the worker's restart")
+    assert psutil.Process(_processes(b)["worker-0"]["pid"]).parent().pid == server.pid
+    status, body = b.request("GET", "/stats?format=json&topic=t")
+    assert status == 200, body
+    assert json.loads(body)["topics"][0]["depth"] == 1
+    # And SIGTERM stops every process of the tree, the forked two included
+    kids = b.children()
+    b.proc.send_signal(signal.SIGTERM)
+    assert b.proc.wait(30) == 0, b.log.read_text()[-2000:]
+    _, alive = psutil.wait_procs(kids, timeout=10)
+    assert alive == []
 
 
 def test_sigterm_to_the_whole_process_group_stops_the_broker_cleanly(tmp_path, processes):
