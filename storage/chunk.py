@@ -49,8 +49,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from crc32c import crc32c as crc32
-
+from storage.crc import crc32c as crc32
 from storage.errors import DiskFullError, StorageError
 
 MAGIC = b"ZNQC"

@@ -55,8 +55,6 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from crc32c import crc32c as crc32
-
 from storage.cache import ChunkCache, FileView, MapView, MemoryProbe, machine_memory_percent
 from storage.chunk import (
     BATCH_FLAG,
@@ -79,6 +77,7 @@ from storage.chunk import (
     split_batch,
     split_position,
 )
+from storage.crc import crc32c as crc32
 from storage.errors import DiskFailedError, MessageSizeError, QueueClosedError, StorageError
 from storage.meta import fsync_dir, read_json, write_atomic, write_json
 from storage.syncer import SYNCER, Syncer
