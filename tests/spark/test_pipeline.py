@@ -424,6 +424,40 @@ def test_the_next_batch_is_made_while_the_caller_holds_this_one_and_deduplicated
     assert session.outbox[0].id == b"%016d" % 4
 
 
+def test_a_next_batch_that_cannot_be_staged_is_requeued_and_its_error_raised(
+        spark, monkeypatch):
+    # Given a reader whose staging fails on its second batch (a full disk), made on the
+    # prefetch thread while the first is held
+    reader = TopicReader(spark, "t", "c", "tcp://127.0.0.1:1", schema=SCHEMA, batch_size=2,
+                         batch_timeout=0.2, idle_timeout=None)
+    session = SimpleNamespace(fins=deque(), outbox=deque(), thread=None, endpoint="tcp://b")
+    for i in range(4):
+        reader._delivered(Message(b"%016d" % i, json.dumps({"id": i, "name": "x"}).encode(),
+                                  0, 1, session))
+    assert reader._staging is not None
+    write = reader._staging.write
+    writes: list[str] = []
+
+    def failing(name: str, blob: bytes) -> str:
+        writes.append(name)
+        if len(writes) == 2:
+            raise OSError(28, "No space left on device")
+        return write(name, blob)
+    monkeypatch.setattr(reader._staging, "write", failing)
+    try:
+        batches = reader.batches()
+        first = next(batches)
+        first.commit()
+        # When the next batch is asked for, Then the staging error is raised there
+        with pytest.raises(OSError, match="No space left"):
+            next(batches)
+        # And the second batch's messages went back to the broker, nothing held
+        assert [c.id for c in session.outbox] == [b"%016d" % 2, b"%016d" % 3]
+    finally:
+        reader.close()
+    assert len(session.outbox) == 2  # (close found nothing more to requeue)
+
+
 def test_closing_a_reader_wakes_a_batch_waiting_for_its_first_message(spark):
     # Given a reader that waits for ever for a first message (idle_timeout None)
     reader = TopicReader(spark, "t", "c", "tcp://127.0.0.1:1", schema=SCHEMA,
