@@ -68,7 +68,7 @@ from typing import Any
 
 import msgpack
 import orjson
-from pyspark import RDD, TaskContext
+from pyspark import RDD, InheritableThread, TaskContext
 from pyspark.serializers import UTF8Deserializer
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
@@ -586,6 +586,7 @@ class TopicReader:
                                  **_client_options(client_options or {}))
         self._pending: Batch | None = None
         self._next: _Prefetch | None = None  # the next batch, made while this one is used
+        self._handoff = threading.Lock()  # who takes _next: batches() or close()
         self._started = False
         self._verify: Callable[[Any], None] | None = None
         self._verified: Any = None
@@ -631,14 +632,16 @@ class TopicReader:
     def close(self) -> None:
         """Stop deliveries, requeue every message held (an uncommitted batch, the next
         one made ready, and what arrived after them), then close the connections."""
-        self._closing.set()
-        self._arrived.put(_WAKE)  # (a prefetch waiting for a first message)
+        with self._handoff:
+            self._closing.set()
+            future, self._next = self._next, None
+        self._arrived.put(_WAKE)  # (a gather waiting for a first message)
         if self._keeper is not None:
             self._keeper.join(5)
             self._keeper = None
         prepared: _Prepared | None = None
         try:
-            prepared = self._take_next()
+            prepared = None if future is None else future.result()
         except Exception:  # (its messages were requeued)
             log.exception("preparing the next batch failed")
         if self._started:
@@ -689,14 +692,30 @@ class TopicReader:
             self._keeper.start()
         while True:
             self._settle_pending()
+            asked = time.monotonic()
             prepared = self._take_next()
+            if prepared is not None and not prepared.messages and self.idle_timeout is not None:
+                # The prefetch waited from the last yield: idle means idle_timeout
+                # without a message since the caller asked, not since the yield.
+                left = asked + self.idle_timeout - time.monotonic()
+                if left > 0:
+                    prepared = self._prepare(self._gather(left))
             if prepared is None:
                 prepared = self._prepare(self._gather())
             if not prepared.messages:
                 return
-            self._pending = self._frame(prepared)
-            self._next = _Prefetch(self._prepare_next)
-            yield self._pending
+            batch = self._frame(prepared)
+            with self._handoff:  # (close() from another thread: nothing yielded after it)
+                closed = self._closing.is_set()
+                if not closed:
+                    self._pending = batch
+                    self._next = _Prefetch(self._prepare_next)
+            if closed:
+                batch.requeue()
+                if batch._release is not None:
+                    batch._release()
+                return
+            yield batch
 
     def _settle_pending(self) -> None:
         """Requeue the batch yielded last if it was not committed; release its staging."""
@@ -711,23 +730,34 @@ class TopicReader:
             pending._release()
 
     def _take_next(self) -> _Prepared | None:
-        """The batch the prefetch thread prepared, if one was started."""
-        future, self._next = self._next, None
-        return None if future is None else future.result()
+        """The batch the prefetch thread prepared, if one was started and ``close()`` has
+        not taken it.  Whoever clears ``_next`` owns the batch: the prefetch stays
+        there while this waits, so a close (or a KeyboardInterrupt out of the wait,
+        then the close of a ``with``) still finds it and requeues it."""
+        future = self._next
+        if future is None:
+            return None
+        prepared = future.result()
+        with self._handoff:
+            if self._next is not future:
+                return None  # (close() took it, and requeues it)
+            self._next = None
+        return prepared
 
     def _prepare_next(self) -> _Prepared:
         """The prefetch thread's work: the next batch, gathered and staged."""
         return self._prepare(self._gather())
 
-    def _gather(self) -> list[Message]:
-        """Up to batch_size distinct messages: wait idle_timeout for the first, then
-        batch_timeout for the rest."""
+    def _gather(self, first_timeout: float | None = -1.0) -> list[Message]:
+        """Up to batch_size distinct messages: wait idle_timeout (or `first_timeout`) for
+        the first, then batch_timeout for the rest."""
         # keyed by (broker, id): ids are unique per broker only
         got: dict[tuple[str | None, bytes], Message] = {}
         if self._closing.is_set():
             return []
         try:
-            first = self._arrived.get(timeout=self.idle_timeout)
+            first = self._arrived.get(
+                timeout=self.idle_timeout if first_timeout == -1.0 else first_timeout)
         except queue.Empty:
             return []
         if first is _WAKE:
@@ -1023,8 +1053,10 @@ class _Prefetch:
     def __init__(self, fn: Callable[[], _Prepared]) -> None:
         self._result: _Prepared | None = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True,
-                                        name="topic-reader-prefetch")
+        # (Spark's pinned threads: its jobs keep the caller's job group, pool and
+        # local properties)
+        self._thread = InheritableThread(target=self._run, args=(fn,), daemon=True,
+                                         name="topic-reader-prefetch")
         self._thread.start()
 
     def _run(self, fn: Callable[[], _Prepared]) -> None:
@@ -1118,9 +1150,15 @@ class _Staging:
         """Stage `blob` as `name`; the path for Spark's reader."""
         where = self.path.rstrip("/") + "/" + name
         if self._local is not None:
-            with open(os.path.join(self._local, name), "wb") as f:
-                f.write(blob)
-            return os.path.abspath(os.path.join(self._local, name))
+            local = os.path.join(self._local, name)
+            try:
+                with open(local, "wb") as f:
+                    f.write(blob)
+            except BaseException:  # (a full disk: no partial file left behind)
+                with contextlib.suppress(OSError):
+                    os.unlink(local)
+                raise
+            return os.path.abspath(local)
         fs, hpath = self._fs(where)
         out = fs.create(hpath, True)
         try:

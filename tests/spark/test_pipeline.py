@@ -26,6 +26,7 @@ from transport.spark import (
     PartitionPublisher,
     PublishCounters,
     TopicReader,
+    _Prefetch,
     drain_to_parquet,
     to_json,
 )
@@ -456,6 +457,121 @@ def test_a_next_batch_that_cannot_be_staged_is_requeued_and_its_error_raised(
     finally:
         reader.close()
     assert len(session.outbox) == 2  # (close found nothing more to requeue)
+
+
+class _Arrivals:
+    """A reader's queue of arrivals that says when it has handed out a given message."""
+
+    def __init__(self, watched: bytes) -> None:
+        self._queue: Any = __import__("queue").SimpleQueue()
+        self.watched = watched
+        self.taken = threading.Event()
+
+    def put(self, m: Any) -> None:
+        self._queue.put(m)
+
+    def _seen(self, m: Any) -> Any:
+        if getattr(m, "id", None) == self.watched:
+            self.taken.set()
+        return m
+
+    def get(self, timeout: float | None = None) -> Any:
+        return self._seen(self._queue.get(timeout=timeout))
+
+    def get_nowait(self) -> Any:
+        return self._seen(self._queue.get_nowait())
+
+
+def _fake_reader(spark: Any, watched: int, **options: Any) -> tuple[TopicReader, Any]:
+    """A reader (no broker) with deliveries 0..3 of a fake session waiting for it."""
+    reader = TopicReader(spark, "t", "c", "tcp://127.0.0.1:1", schema=SCHEMA, batch_size=2,
+                         **options)
+    reader._arrived = _Arrivals(b"%016d" % watched)  # type: ignore[assignment]
+    session = SimpleNamespace(fins=deque(), outbox=deque(), thread=None, endpoint="tcp://b")
+    for i in range(3):
+        reader._delivered(Message(b"%016d" % i, json.dumps({"id": i, "name": "x"}).encode(),
+                                  0, 1, session))
+    return reader, session
+
+
+def test_a_reader_closed_while_its_caller_waits_for_the_next_batch_yields_nothing_more(
+        spark, tmp_path, monkeypatch):
+    # Given a reader whose first batch (0, 1) was yielded and whose prefetch took 2 and
+    # waits for a second message of its batch (batch_timeout 60 s)
+    reader, session = _fake_reader(spark, 2, batch_timeout=60, idle_timeout=None,
+                                   staging_path=str(tmp_path / "staging"))
+    batches = reader.batches()
+    next(batches).commit()
+    assert reader._arrived.taken.wait(30)  # type: ignore[attr-defined]
+    # When the caller asks for the next batch on another thread, and while it waits for
+    # the prefetch the reader is closed
+    waiting = threading.Event()
+    result = _Prefetch.result
+
+    def entered(self: Any) -> Any:
+        waiting.set()
+        return result(self)
+    monkeypatch.setattr(_Prefetch, "result", entered)
+    got: list[Any] = []
+    asking = threading.Thread(target=lambda: got.extend(batches))
+    asking.start()
+    assert waiting.wait(30)
+    reader.close()
+    asking.join(30)
+    # Then no batch comes after the close, and 2 went back to the broker
+    assert not asking.is_alive()
+    assert got == []
+    assert [c.id for c in session.outbox] == [b"%016d" % 2]
+    assert not (tmp_path / "staging").exists()  # (removed once empty: no staged file left)
+
+
+def test_an_interrupt_while_waiting_for_the_next_batch_leaves_it_for_the_close(
+        spark, tmp_path, monkeypatch):
+    # Given a reader whose first batch was yielded and whose next one (2) is made
+    reader, session = _fake_reader(spark, 2, batch_timeout=0.2, idle_timeout=None,
+                                   staging_path=str(tmp_path / "staging"))
+    with reader:
+        batches = reader.batches()
+        next(batches).commit()
+        # When Ctrl-C comes while the caller waits for it
+        result = _Prefetch.result
+
+        def interrupted(self: Any) -> Any:
+            result(self)
+            raise KeyboardInterrupt
+        monkeypatch.setattr(_Prefetch, "result", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            next(batches)
+        monkeypatch.setattr(_Prefetch, "result", result)
+    # Then the close (of the `with`) still requeues it and removes its staged file
+    assert [c.id for c in session.outbox] == [b"%016d" % 2]
+    assert not (tmp_path / "staging").exists()
+
+
+def test_idle_timeout_counts_from_when_the_caller_asks_not_from_the_last_yield(spark):
+    # Given a reader with idle_timeout 0.5 s whose first batch is held longer than that,
+    # long enough for the next batch's gather to give up with nothing
+    reader, session = _fake_reader(spark, 1, batch_timeout=0.2, idle_timeout=0.5)
+    reader._arrived.get(timeout=1)  # (only 0 and 1 are delivered before the first batch)
+    prepared = threading.Semaphore(0)
+    prepare_next = reader._prepare_next
+
+    def counted() -> Any:
+        try:
+            return prepare_next()
+        finally:
+            prepared.release()
+    reader._prepare_next = counted  # type: ignore[method-assign]
+    try:
+        batches = reader.batches()
+        next(batches).commit()
+        assert prepared.acquire(timeout=30)  # (it came back empty after 0.5 s)
+        # When a message comes, and then the caller asks for the next batch
+        reader._delivered(Message(b"%016d" % 9, b'{"id": 9, "name": "x"}', 0, 1, session))
+        # Then it is a batch (the topic was not idle for 0.5 s since the caller asked)
+        assert [r.id for r in next(batches).df.collect()] == [9]
+    finally:
+        reader.close()
 
 
 def test_closing_a_reader_wakes_a_batch_waiting_for_its_first_message(spark):
