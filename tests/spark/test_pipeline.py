@@ -379,8 +379,22 @@ def test_a_message_the_reader_committed_is_left_out_when_it_comes_again(spark):
     assert reader._build([message(1), message(3)]).duplicates == 1
 
 
+def _count_prefetches(reader: TopicReader) -> threading.Semaphore:
+    """A semaphore released each time the reader's prefetch thread has made a batch."""
+    prepared = threading.Semaphore(0)
+    prepare_next = reader._prepare_next
+
+    def counted() -> Any:
+        try:
+            return prepare_next()
+        finally:
+            prepared.release()
+    reader._prepare_next = counted  # type: ignore[method-assign]
+    return prepared
+
+
 def test_the_next_batch_is_made_while_the_caller_holds_this_one_and_deduplicated_after(
-        spark, monkeypatch):
+        spark):
     # Given a reader (no broker: the test hands it deliveries) with batches of two, and
     # deliveries of 1, 2, a redelivery of 2 (its first copy not yet committed) and 3
     reader = TopicReader(spark, "t", "c", "tcp://127.0.0.1:1", schema=SCHEMA, batch_size=2,
@@ -391,15 +405,7 @@ def test_the_next_batch_is_made_while_the_caller_holds_this_one_and_deduplicated
         return Message(b"%016d" % i, json.dumps({"id": i, "name": "x"}).encode(), 0, 1,
                        session)
 
-    prepared = threading.Semaphore(0)
-    prepare_next = reader._prepare_next
-
-    def counted() -> Any:
-        try:
-            return prepare_next()
-        finally:
-            prepared.release()
-    monkeypatch.setattr(reader, "_prepare_next", counted)
+    prepared = _count_prefetches(reader)
     for m in (message(1), message(2), message(2), message(3)):
         reader._delivered(m)
     try:
@@ -552,16 +558,8 @@ def test_idle_timeout_counts_from_when_the_caller_asks_not_from_the_last_yield(s
     # Given a reader with idle_timeout 0.5 s whose first batch is held longer than that,
     # long enough for the next batch's gather to give up with nothing
     reader, session = _fake_reader(spark, 1, batch_timeout=0.2, idle_timeout=0.5)
-    reader._arrived.get(timeout=1)  # (only 0 and 1 are delivered before the first batch)
-    prepared = threading.Semaphore(0)
-    prepare_next = reader._prepare_next
-
-    def counted() -> Any:
-        try:
-            return prepare_next()
-        finally:
-            prepared.release()
-    reader._prepare_next = counted  # type: ignore[method-assign]
+    reader._arrived.get(timeout=1)  # (two deliveries left: the first batch takes both)
+    prepared = _count_prefetches(reader)
     try:
         batches = reader.batches()
         next(batches).commit()
