@@ -795,10 +795,6 @@ class TopicReader:
         for _ in range(len(seen) - self._dedupe_window):
             forget(last=False)
 
-    def _build(self, messages: list[Message]) -> Batch:
-        """`messages` as a batch, made ready and framed at once (no prefetch)."""
-        return self._frame(self._prepare(messages))
-
     def _prepare(self, messages: list[Message]) -> _Prepared:
         """A batch made ready (the prefetch thread's work): each message decoded,
         checked and staged (JSON) or made a row, then its DataFrame.  On an error

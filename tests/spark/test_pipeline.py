@@ -359,6 +359,11 @@ def test_a_batch_held_longer_than_the_message_timeout_is_kept_by_touching(spark,
         broker.stop()
 
 
+def build(reader: TopicReader, messages: list[Message]) -> Any:
+    """`messages` as the reader's next batch, made at once (no prefetch thread)."""
+    return reader._frame(reader._prepare(messages))
+
+
 def test_a_message_the_reader_committed_is_left_out_when_it_comes_again(spark):
     reader = TopicReader(spark, "t", "c", "tcp://127.0.0.1:1", schema=SCHEMA, dedupe_window=2)
     session = SimpleNamespace(fins=deque(), outbox=deque(), thread=None)
@@ -367,16 +372,16 @@ def test_a_message_the_reader_committed_is_left_out_when_it_comes_again(spark):
         return Message(b"%016d" % i, json.dumps({"id": i, "name": "x"}).encode(), 0, 1,
                        session)
 
-    first = reader._build([message(1), message(2)])
+    first = build(reader, [message(1), message(2)])
     first.commit()
     # a redelivery of 2 (its FIN lost with a broker) beside a new message
-    again = reader._build([message(2), message(3)])
+    again = build(reader, [message(2), message(3)])
     assert (again.rows, again.duplicates) == (1, 1)
     assert [r.id for r in again.df.collect()] == [3]
     again.commit()
     assert len(session.fins) == 4  # the duplicate is FINed with its batch
     # the window holds the last two committed (2 and 3): 1 would be written again
-    assert reader._build([message(1), message(3)]).duplicates == 1
+    assert build(reader, [message(1), message(3)]).duplicates == 1
 
 
 def _count_prefetches(reader: TopicReader) -> threading.Semaphore:
@@ -610,13 +615,13 @@ def test_two_brokers_messages_with_the_same_id_are_two_messages(spark):
     for i, session in enumerate(sessions):
         reader._arrived.put(message(session, i))
     # When the reader gathers a batch, Then it holds both, and commits both to their brokers
-    batch = reader._build(reader._gather())
+    batch = build(reader, reader._gather())
     assert (batch.rows, batch.duplicates) == (2, 0)
     assert sorted(r.id for r in batch.df.collect()) == [0, 1]
     batch.commit()
     assert [len(s.fins) for s in sessions] == [1, 1]
     # And the dedupe window still knows a redelivery from the same broker
-    assert reader._build([message(sessions[1], 1)]).duplicates == 1
+    assert build(reader, [message(sessions[1], 1)]).duplicates == 1
 
 
 def test_a_local_job_whose_worker_python_lacks_the_package_runs_on_the_drivers(
