@@ -24,6 +24,7 @@ import time
 from dataclasses import asdict, is_dataclass, replace
 from typing import Any
 
+from actors import __version__
 from actors.broker import connections, health
 from actors.broker.client import (
     ClientAdopted,
@@ -192,7 +193,7 @@ class GatewayFacade:
     def stats(self, topic: str | None, channel: str | None, include_clients: bool,
               include_storage: bool = False) -> dict[str, Any]:
         topics = self.topics(topic, channel, include_clients, include_storage)
-        out: dict[str, Any] = {"version": _version(), "health": self.health() or "OK",
+        out: dict[str, Any] = {"version": __version__, "health": self.health() or "OK",
                                "start_time": self.start_time, "topics": topics,
                                "producers": self._producers(topic) if include_clients else None}
         try:
@@ -261,7 +262,7 @@ class GatewayFacade:
 
     def info(self) -> dict[str, Any]:
         o = self.options
-        return {"version": _version(), "broadcast_address": o.broadcast_address,
+        return {"version": __version__, "broadcast_address": o.broadcast_address,
                 "hostname": socket.gethostname(),
                 "http_port": self.ports.get("http", split_address(o.http_address)[1]),
                 "tcp_port": self.ports.get("tcp", split_address(o.tcp_address)[1]),
@@ -287,15 +288,6 @@ def _with_usage(process: dict[str, Any]) -> dict[str, Any]:
 
 def _plain(obj: Any) -> dict[str, Any]:
     return asdict(obj) if is_dataclass(obj) else dict(obj)
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
-
-    try:
-        return version("zmqnsq")
-    except PackageNotFoundError:
-        return "0+unknown"
 
 
 def listener(name: str, options: BrokerOptions) -> Actor:
@@ -474,7 +466,7 @@ class SocketListener(Actor):
 
     def _make_server(self, bridge: ProtocolBridge) -> Any:
         limits = Limits.from_options(self.options)
-        info = ServerInfo(version=_version())
+        info = ServerInfo(version=__version__)
         if self.protocol == "zmq":
             from transport.zmq import curve  # noqa: PLC0415
             from transport.zmq.server import ZmqServer  # noqa: PLC0415
@@ -566,7 +558,7 @@ class HandoffListener(Actor):
         o = self.options
         bridge = ProtocolBridge(f"w{self.index}.{secrets.token_hex(3)}.", TcpConnection)
         server = TcpServer(None, 0, bridge, limits=Limits.from_options(o),
-                           info=ServerInfo(version=_version()))
+                           info=ServerInfo(version=__version__))
         bridge.server = server
         server.start()
         try:

@@ -49,6 +49,7 @@ import time
 import urllib.parse
 from typing import Any
 
+from actors import __version__
 from actors.broker.gateway import ListenerInfo
 from actors.broker.messages import TopicStats
 from actors.broker.options import BrokerOptions
@@ -235,7 +236,7 @@ class LookupActor(Actor):
         return Identify(
             broadcast_address=str(o.broadcast_address), hostname=socket.gethostname(),
             tcp_port=o.broadcast_tcp_port or ports["tcp"],
-            http_port=o.broadcast_http_port or ports["http"], version=_version(),
+            http_port=o.broadcast_http_port or ports["http"], version=__version__,
             extra={"zmq_port": ports["zmq"]} if ports["zmq"] else {})
 
     def _connect(self) -> None:
@@ -372,10 +373,3 @@ def _http_get(url: str) -> bytes:
         return response.read()
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
-
-    try:
-        return version("zmqnsq")
-    except PackageNotFoundError:
-        return "0+unknown"

@@ -18,6 +18,7 @@ import secrets
 import socket
 from typing import Any
 
+from actors import __version__
 from actors.lookupd import peer
 from actors.lookupd.messages import (
     ListenerInfo,
@@ -34,22 +35,12 @@ from actors.lookupd.registrar import REGISTRAR
 from actors.runtime.actor import Actor, current_endpoint
 from transport.nsq.lookup_codec import Identify, Ping, Register, Unregister, encode_answer
 
-__all__ = ["LISTENER", "ListenerActor", "version"]
+__all__ = ["LISTENER", "ListenerActor"]
 
 log = logging.getLogger(__name__)
 
 LISTENER = "listener:lookup"
 ASK_TIMEOUT = 10.0
-
-
-def version() -> str:
-    from importlib.metadata import PackageNotFoundError  # noqa: PLC0415
-    from importlib.metadata import version as installed  # noqa: PLC0415
-
-    try:
-        return installed("zmqnsq")
-    except PackageNotFoundError:
-        return "0+unknown"
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -166,7 +157,7 @@ class RegistrarFacade:
         await self._ask("tombstone", topic, node=node)
 
     async def info(self) -> dict[str, Any]:
-        return {"version": version()}
+        return {"version": __version__}
 
 
 class ListenerActor(Actor):
@@ -200,7 +191,7 @@ class ListenerActor(Actor):
             # (peers answer IDENTIFY on this dispatcher thread, so not before this is set)
             bridge.identify_answer = json.dumps(
                 {"broadcast_address": o.broadcast_address, "hostname": socket.gethostname(),
-                 "http_port": self.http_port, "tcp_port": self.tcp_port, "version": version()},
+                 "http_port": self.http_port, "tcp_port": self.tcp_port, "version": __version__},
                 sort_keys=True, separators=(",", ":")).encode()
         except Exception as e:  # reported by ListenerInfo: never a crash loop
             self.error = f"listen failed: {e}"

@@ -195,13 +195,9 @@ class _VersionAction(argparse.Action):
         super().__init__(option_strings, dest, **kwargs)
 
     def __call__(self, parser: argparse.ArgumentParser, *_args: Any, **_kwargs: Any) -> None:
-        from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+        from actors import __version__  # noqa: PLC0415
 
-        try:
-            text = version("zmqnsq")
-        except PackageNotFoundError:
-            text = "unknown"
-        sys.stdout.write(f"{parser.prog} {text}\n")
+        sys.stdout.write(f"{parser.prog} {__version__}\n")
         parser.exit()
 
 
