@@ -206,7 +206,9 @@ class Supervisor:
         deadline = time.monotonic() + self.options.shutdown_timeout
         if self._wake_w >= 0:
             os.write(self._wake_w, b"x")
-        if self._monitor is not None:
+        # (a SIGTERM raises wherever start() is, actors.runtime.daemon: the monitor may
+        # have been made and not started, and joining that thread raises)
+        if self._monitor is not None and self._monitor.ident is not None:
             self._monitor.join()
         if self._control is not None:
             self._control.close()

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import psutil
 import pytest
 
 from actors.runtime import EXIT_ESCALATED, AskTimeout, MailboxFull, Supervisor
 from tests.runtime.conftest import wait_until
-from tests.runtime.helpers import Boom, GetLog, Seq, Whoami
+from tests.runtime.helpers import FACTORIES, Boom, GetLog, Seq, Whoami
 
 StartRuntime = Callable[..., Supervisor]
 
@@ -187,3 +189,27 @@ def test_a_runtime_with_no_workers_hosts_every_actor_on_its_gateway_and_restarts
     os.kill(gateway.pid, signal.SIGKILL)
     wait_until(lambda: restarted(rt, "gateway", gateway.pid, 1), what="gateway restart")
     assert rt.ask("rec:r", Whoami(), timeout=10)[1] == process(rt, "gateway").pid
+
+
+def test_a_signal_while_starting_stops_every_node_even_before_the_monitor_runs(
+        run_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGTERM while starting raises in the main thread wherever start() is
+    (actors.runtime.daemon), and /ping can answer before the supervisor's start()
+    returns: a harness that stops the broker as soon as it answers lands there.  One
+    that lands between the monitor thread's creation and its start used to make stop()
+    raise (joining a thread never started), leaving every node running."""
+    real_start = threading.Thread.start
+    supervisor = Supervisor(run_dir, FACTORIES, workers=2, shutdown_timeout=5.0)
+    nodes: list[int] = []
+
+    def start(thread: threading.Thread) -> None:
+        if thread.name == "supervisor-monitor":
+            nodes.extend(c.process.pid for c in supervisor._children.values() if c.process)
+            raise KeyboardInterrupt  # (what the signal handler raises, as it lands here)
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    with pytest.raises(KeyboardInterrupt):
+        supervisor.start()
+    assert len(nodes) == 3
+    assert not [pid for pid in nodes if psutil.pid_exists(pid)]  # stopped and reaped
