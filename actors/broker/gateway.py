@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import socket
 import time
 from dataclasses import asdict, is_dataclass, replace
@@ -486,7 +485,7 @@ class SocketListener(Actor):
         context = tls.context_for(self.options)
         o = self.options
         if bridge.placement is not None:
-            run_dir = run_dir_for(o.data_path)
+            run_dir = current_endpoint().run_dir  # (run_dir_for(o.data_path))
             self.handoff = handoff.Sender([handoff.socket_path(run_dir, i)
                                            for i in range(bridge.placement.workers)])
         return TcpServer(host, port, bridge, limits=limits, handoff=self.handoff,
@@ -501,7 +500,7 @@ class SocketListener(Actor):
         # Client actor names carry this listener's life (a random token): the sessions
         # of a restarted gateway count afresh (and ZeroMQ's routing ids repeat), so a
         # name must never be one that a channel still holds for a client of the last life.
-        life = secrets.token_hex(3)
+        life = os.urandom(3).hex()
         zmq = self.protocol == "zmq"
         # A subscribed NSQ TCP connection is handed to its channel's worker, where it
         # costs no hop through this process (without AUTH: its checks live here).
@@ -556,13 +555,13 @@ class HandoffListener(Actor):
         from transport.nsq.server import TcpServer  # noqa: PLC0415
 
         o = self.options
-        bridge = ProtocolBridge(f"w{self.index}.{secrets.token_hex(3)}.", TcpConnection)
+        bridge = ProtocolBridge(f"w{self.index}.{os.urandom(3).hex()}.", TcpConnection)
         server = TcpServer(None, 0, bridge, limits=Limits.from_options(o),
                            info=ServerInfo(version=__version__))
         bridge.server = server
         server.start()
         try:
-            receiver = handoff.Receiver(handoff.socket_path(run_dir_for(o.data_path),
+            receiver = handoff.Receiver(handoff.socket_path(current_endpoint().run_dir,
                                                             self.index))
         except OSError as e:  # the gateway serves every connection itself meanwhile
             log.error("%s: cannot receive connections: %s", self.name, e)

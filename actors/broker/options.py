@@ -35,16 +35,14 @@ shared with the lookup daemon.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import hashlib
 import os
 import socket
 import tempfile
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from actors.broker.nsq_message import MAX_ATTEMPTS, MAX_NODE_ID, is_valid_topic_name
 from actors.runtime import flags
@@ -58,6 +56,9 @@ from actors.runtime.flags import (
     parse_duration,
 )
 from transport import tls
+
+if TYPE_CHECKING:
+    import argparse
 
 __all__ = [
     "BrokerOptions",
@@ -268,6 +269,8 @@ def to_ns(seconds: float) -> int:
 def default_node_id(hostname: str | None = None) -> int:
     """nsqd's default node id: CRC-32 (IEEE) of the MD5 of the hostname, modulo 1024."""
     name = socket.gethostname() if hostname is None else hostname
+    import hashlib  # noqa: PLC0415 - (OpenSSL's, 3 ms: the nodes never need it)
+
     digest = hashlib.md5(name.encode(), usedforsecurity=False).digest()
     return zlib.crc32(digest) % (MAX_NODE_ID + 1)
 
@@ -398,5 +401,7 @@ def run_dir_for(data_path: str) -> str:
     candidate = os.path.join(os.path.abspath(data_path), "run")
     if len(candidate) + 24 <= 100:
         return candidate
+    import hashlib  # noqa: PLC0415
+
     digest = hashlib.sha256(os.path.abspath(data_path).encode()).hexdigest()[:12]
     return os.path.join(tempfile.gettempdir(), f"zmqnsq-{digest}")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import secrets
+import os
 import socket
 from typing import Any
 
@@ -174,7 +174,7 @@ class ListenerActor(Actor):
 
     def on_start(self) -> None:
         # Peer names carry this listener's life: sessions count afresh after a restart.
-        bridge = _Bridge(secrets.token_hex(3))
+        bridge = _Bridge(os.urandom(3).hex())
         o = self.options
         try:
             from transport.http.lookup_api import LookupHttpServer  # noqa: PLC0415
