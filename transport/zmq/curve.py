@@ -22,12 +22,16 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
-import zmq.auth
-from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
+
+if TYPE_CHECKING:
+    from zmq.auth.thread import ThreadAuthenticator
+
+# (zmq.auth, its ZAP thread and certificate files, is imported where keys are used:
+# 2 ms that every broker process and client without CURVE paid)
 
 __all__ = ["Allowed", "KeyPair", "client_options", "load_allowed", "load_or_create_keys",
            "start_authenticator"]
@@ -54,7 +58,9 @@ def load_or_create_keys(path: str) -> KeyPair:
         log.warning("made a CURVE key pair: %s; clients need its public key %s",
                     path, public.decode())
         return public, secret
-    public, secret = zmq.auth.load_certificate(path)
+    from zmq.auth import load_certificate  # noqa: PLC0415
+
+    public, secret = load_certificate(path)
     if secret is None or public is None:
         raise ValueError(f"{path} holds no secret key (a secret certificate is needed)")
     return public, secret
@@ -74,11 +80,13 @@ def _write_cert(path: str, public: bytes, secret: bytes | None) -> None:
 
 def load_allowed(path: str) -> frozenset[bytes]:
     """The Z85 public keys `path` lets in (a directory of certificates or a key file)."""
+    from zmq.auth import load_certificate  # noqa: PLC0415
+
     p = Path(path)
     if p.is_dir():
         keys = set()
         for cert in sorted(p.glob("*.key")):
-            public, _ = zmq.auth.load_certificate(str(cert))
+            public, _ = load_certificate(str(cert))
             if public:
                 keys.add(public)
         return frozenset(keys)
@@ -121,10 +129,13 @@ class Allowed:
 def start_authenticator(ctx: zmq.Context[Any], allowed: frozenset[bytes] | None
                         ) -> ThreadAuthenticator:
     """pyzmq's ZAP handler on `ctx`: the `allowed` keys, or any key when None."""
+    from zmq.auth import CURVE_ALLOW_ANY  # noqa: PLC0415
+    from zmq.auth.thread import ThreadAuthenticator  # noqa: PLC0415
+
     auth = ThreadAuthenticator(ctx, log=logging.getLogger(__name__ + ".zap"))
     auth.start()
     if allowed is None:
-        auth.configure_curve(domain="*", location=zmq.auth.CURVE_ALLOW_ANY)
+        auth.configure_curve(domain="*", location=CURVE_ALLOW_ANY)
     else:
         auth.configure_curve_callback(domain="*", credentials_provider=Allowed(allowed))
     return auth
