@@ -22,6 +22,7 @@ from actors.broker import Broker
 from storage.dirlock import DirLock, DirLockedError
 from tests.broker.conftest import broker_options
 from tests.broker.test_broker_actors import wait_for
+from transport.client import Producer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -378,3 +379,34 @@ def test_a_port_in_use_is_one_line_and_exit_1_within_seconds(tmp_path, processes
     assert "Address already in use" in log
     assert "Traceback" not in log
     assert not b.children()  # nothing left behind
+
+
+def test_once_ping_says_ok_a_publish_on_every_protocol_is_answered_the_first_time(
+        tmp_path, processes):
+    """What a test harness does (#23): launch, poll /ping, then publish at once.  /ping
+    answers OK only when the NSQ TCP and ZeroMQ listeners are bound and every worker
+    takes messages, so no first publish meets a refused connection or a silent worker."""
+    tcp, zmq_port = free_port(), free_port()
+    b = BrokerProcess(tmp_path / "data", tmp_path / "b.log", None, "--workers", "2",
+                      "--tcp-address", f"127.0.0.1:{tcp}",
+                      "--zmq-address", f"tcp://127.0.0.1:{zmq_port}")
+    processes.append(b)
+
+    def ping_ok() -> bool:
+        assert b.proc.poll() is None, b.log.read_text()[-2000:]
+        try:
+            return b.request("GET", "/ping") == (200, b"OK")
+        except OSError:  # (the HTTP port is not bound yet)
+            return False
+
+    wait_for(ping_ok, 60, "/ping OK")
+    # each protocol once, with no retry: the first attempt must be answered
+    with socket.create_connection(("127.0.0.1", tcp), timeout=10) as s:
+        s.sendall(b"  V2PUB tcp\n\x00\x00\x00\x03one")
+        assert s.recv(64) == b"\x00\x00\x00\x06\x00\x00\x00\x00OK"
+    with Producer(f"tcp://127.0.0.1:{zmq_port}", timeout=10, max_attempts=1) as producer:
+        producer.publish("zmq", b"two")
+    assert b.request("POST", "/pub?topic=http", b"three") == (200, b"OK")
+    stats = json.loads(b.request("GET", "/stats?format=json")[1])
+    assert {t["topic_name"]: t["message_count"] for t in stats["topics"]} == {
+        "tcp": 1, "zmq": 1, "http": 1}
