@@ -487,6 +487,7 @@ class Batch:
     _release: Callable[[], None] | None = field(default=None, repr=False)
     # (a drain's batch: its refused lines are known once its write has read them all)
     _settle: Callable[[Batch], None] | None = field(default=None, repr=False)
+    _framed: _Framed | None = field(default=None, repr=False)  # (what made it)
 
     def commit(self) -> None:
         for m in self.messages:
@@ -667,9 +668,11 @@ class TopicReader:
                     self._arrived.get_nowait()
                 except queue.Empty:
                     break
-        if prepared is not None and prepared.where is not None:
-            assert self._staging is not None
-            self._staging.remove(prepared.where)
+        if prepared is not None:
+            _discard(prepared.framed)
+            if prepared.where is not None:
+                assert self._staging is not None
+                self._staging.remove(prepared.where)
         if self._pending is not None and self._pending._release is not None:
             self._pending._release()
         self._pending = None
@@ -714,6 +717,7 @@ class TopicReader:
                 batch.requeue()
                 if batch._release is not None:
                     batch._release()
+                _discard(batch._framed)
                 return
             yield batch
 
@@ -817,6 +821,7 @@ class TopicReader:
         """Give a batch that will not be yielded back: requeue it, unstage it."""
         for m in prepared.messages:
             m.requeue(0)
+        _discard(prepared.framed)
         if prepared.where is not None:
             assert self._staging is not None
             with contextlib.suppress(Exception):
@@ -906,10 +911,11 @@ class TopicReader:
                 except BaseException:
                     self._drop(prepared)
                     raise
+                _discard(prepared.framed)  # (remade: the first DataFrame never runs)
         out = [BadMessage(m.id, m.body, error) for m, error in bad] + framed.bad
         return Batch(framed.df, framed.rows, out, prepared.messages, duplicates=duplicates,
                      _on_commit=self._remember if self._dedupe_window else None,
-                     _release=framed.release, _settle=framed.settle)
+                     _release=framed.release, _settle=framed.settle, _framed=framed)
 
     def _spark_side(self, prepared: _Prepared, dup: set[int]) -> _Framed:
         """The batch's DataFrame, leaving out the messages at `dup` in ``kept``."""
@@ -953,7 +959,8 @@ class TopicReader:
                 lines = [text for text in lines if _line_index(text) not in dup]
                 batch.bad.extend(self._refused(kept, lines))
                 batch.rows -= len(lines)
-            return _Framed(df, len(kept) - len(dup), release, settle)
+            return _Framed(df, len(kept) - len(dup), release, settle,
+                           discard=functools.partial(_unobserve, self.spark, seen))
         # (the whole body selected: Spark's reader parses only the columns a query
         # needs, and finds a line bad only in those)
         refused = [text for text in (
@@ -1035,6 +1042,33 @@ class _Framed:
     release: Callable[[], None] | None = None
     settle: Callable[[Batch], None] | None = None
     bad: list[BadMessage] = field(default_factory=list)
+    discard: Callable[[], None] | None = None  # for a DataFrame that will never run
+
+
+def _discard(framed: _Framed | None) -> None:
+    """What a batch whose DataFrame will never run must let go of (never raises)."""
+    if framed is not None and framed.discard is not None:
+        try:
+            framed.discard()
+        except Exception:  # (a py4j error: the session is stopping)
+            log.debug("could not discard a batch's DataFrame", exc_info=True)
+
+
+def _unobserve(spark: Any, observation: Observation) -> None:
+    """Unregister the query listener of an observation whose DataFrame will never run (a
+    prefetched batch dropped, a DataFrame remade without duplicates).  The JVM's
+    ``Observation`` registers it when it observes a DataFrame and unregisters it only
+    when that DataFrame's first action ends, and PySpark has no call for the other
+    case: each one left registered keeps its plan reachable and hears every later
+    query of the session."""
+    jo = observation._jo
+    if jo is None:
+        return
+    manager = spark._jsparkSession.listenerManager()
+    for listener in manager.listListeners():
+        if listener.getClass().getName() == "org.apache.spark.sql.ObservationListener" \
+                and listener.observation().equals(jo):
+            manager.unregister(listener)
 
 
 _WAKE: Any = object()

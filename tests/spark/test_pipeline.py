@@ -436,6 +436,48 @@ def test_the_next_batch_is_made_while_the_caller_holds_this_one_and_deduplicated
     assert session.outbox[0].id == b"%016d" % 4
 
 
+def _observation_listeners(spark: Any) -> int:
+    return sum(1 for listener in spark._jsparkSession.listenerManager().listListeners()
+               if listener.getClass().getName() == "org.apache.spark.sql.ObservationListener")
+
+
+def test_a_drains_dataframes_that_never_run_leave_no_query_listener_behind(spark, tmp_path):
+    # Given a reader as drain_to_parquet makes it (staged JSON lines, the refused ones
+    # observed during the write) and deliveries of 1, 2, a redelivery of 2 and 3
+    reader = TopicReader(spark, "t", "c", "tcp://127.0.0.1:1", schema=SCHEMA, batch_size=2,
+                         batch_timeout=0.2, idle_timeout=None, dedupe_window=10,
+                         staging_path=str(tmp_path / "staging"))
+    reader._refused_after_write = True
+    session = SimpleNamespace(fins=deque(), outbox=deque(), thread=None, endpoint="tcp://b")
+
+    def message(i: int) -> Message:
+        return Message(b"%016d" % i, json.dumps({"id": i, "name": "x"}).encode(), 0, 1,
+                       session)
+
+    before = _observation_listeners(spark)
+    prepared = _count_prefetches(reader)
+    for m in (message(1), message(2), message(2), message(3)):
+        reader._delivered(m)
+    try:
+        batches = reader.batches()
+        for expected in ([1, 2], [3]):  # (the second remade without the redelivery)
+            batch = next(batches)
+            assert sorted(r.id for r in batch.df.collect()) == expected
+            batch._settle(batch)  # (what the drain does after its write)
+            batch.commit()
+        # and a third made ready, never yielded
+        reader._delivered(message(4))
+        assert prepared.acquire(timeout=30)
+        assert prepared.acquire(timeout=30)
+    finally:
+        reader.close()
+    # Then neither the remade batch's first DataFrame nor the dropped one, which never
+    # ran, left its observation's listener registered with the session (the ones that
+    # ran unregister theirs as the listener bus tells them the query ended)
+    spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()
+    assert _observation_listeners(spark) == before
+
+
 def test_a_next_batch_that_cannot_be_staged_is_requeued_and_its_error_raised(
         spark, monkeypatch):
     # Given a reader whose staging fails on its second batch (a full disk), made on the
