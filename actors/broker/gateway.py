@@ -55,6 +55,7 @@ from actors.broker.messages import (
 from actors.broker.options import BrokerOptions, run_dir_for
 from actors.runtime.actor import Actor, current_endpoint
 from actors.runtime.control import ControlClient
+from actors.runtime.errors import AskTimeout
 from actors.runtime.placement import GATEWAY, Placement
 from actors.runtime.system import ActorSummary, ListActors
 from transport import tls
@@ -99,6 +100,11 @@ def split_address(address: str) -> tuple[str, int]:
 
 HEALTH_TIMEOUT = 1.0
 """Seconds `/ping` waits for every worker to answer."""
+LIST_TIMEOUT = 2.0
+"""Seconds `/stats` waits for a worker to list its topics (its endpoint answers, not
+an actor, so a busy worker answers at once): one restarting or frozen leaves its
+topics out of the answer, which says so, rather than holding it back for the ask
+timeout and failing it."""
 
 
 class GatewayFacade:
@@ -157,21 +163,34 @@ class GatewayFacade:
             _raise(reply)
         return dict(reply)
 
-    def _topic_actors(self) -> list[str]:
-        """Names of the topic actors on every worker (some may be names only: asked
-        about, never created, or deleted -- their `TopicStats` answer is None)."""
+    def _topic_actors(self) -> tuple[list[str], list[str]]:
+        """Names of the topic actors on every worker that answers (some may be names
+        only: asked about, never created, or deleted -- their `TopicStats` answer is
+        None), and the workers that did not answer within `LIST_TIMEOUT`."""
         endpoint = current_endpoint()
         names: list[str] = []
+        silent: list[str] = []
         for node in self.placement.nodes:
-            if node != GATEWAY:
-                names.extend(a["name"] for a in endpoint.ask_node(node, ListActors("topic:"),
-                                                                  self.timeout))
-        return sorted(names)
+            if node == GATEWAY:
+                continue
+            try:
+                listed = endpoint.ask_node(node, ListActors("topic:"), LIST_TIMEOUT)
+            except AskTimeout:
+                silent.append(node)
+                continue
+            names.extend(a["name"] for a in listed)
+        return sorted(names), silent
 
     def topics(self, topic: str | None, channel: str | None, include_clients: bool,
                include_storage: bool = False) -> list[dict[str, Any]]:
-        """Every topic's stats (or `topic`'s; with `channel`, only that channel's)."""
-        names = [n for n in self._topic_actors() if not topic or n == f"topic:{topic}"]
+        """Every topic's stats (or `topic`'s; with `channel`, only that channel's), of
+        the workers that answer."""
+        return self._topics(topic, channel, include_clients, include_storage)[0]
+
+    def _topics(self, topic: str | None, channel: str | None, include_clients: bool,
+                include_storage: bool = False) -> tuple[list[dict[str, Any]], list[str]]:
+        listed, silent = self._topic_actors()
+        names = [n for n in listed if not topic or n == f"topic:{topic}"]
         replies = current_endpoint().ask_many(
             [(n, TopicStats(include_clients, existing_only=True,
                             include_storage=include_storage)) for n in names], self.timeout)
@@ -187,14 +206,18 @@ class GatewayFacade:
                 chans = [c for c in chans if c.get("channel_name") == channel]
             stats["channels"] = chans
             topics.append(stats)
-        return topics
+        return topics, silent
 
     def stats(self, topic: str | None, channel: str | None, include_clients: bool,
               include_storage: bool = False) -> dict[str, Any]:
-        topics = self.topics(topic, channel, include_clients, include_storage)
-        out: dict[str, Any] = {"version": __version__, "health": self.health() or "OK",
-                               "start_time": self.start_time, "topics": topics,
-                               "producers": self._producers(topic) if include_clients else None}
+        # (health is the HTTP API's to add: it asks health() itself)
+        topics, silent = self._topics(topic, channel, include_clients, include_storage)
+        out: dict[str, Any] = {"version": __version__, "start_time": self.start_time,
+                               "topics": topics,
+                               "producers": self._producers(topic, silent)
+                               if include_clients else None}
+        if silent:
+            out["nodes_silent"] = silent  # (their topics are not in this answer)
         try:
             with ControlClient(run_dir_for(self.options.data_path), timeout=2.0) as ctl:
                 out["processes"] = [_with_usage(_plain(p)) for p in ctl.ps()]
@@ -204,6 +227,9 @@ class GatewayFacade:
         # (`python -m actors.ctl actors` lists them one by one).
         actors: list[dict[str, Any]] = []
         for node in self.placement.nodes:
+            if node in silent:
+                out.setdefault("actors_error", f"{node} did not answer")
+                continue
             try:
                 actors.extend(dict(row) for row in current_endpoint().ask_node(
                     node, ActorSummary(), 2.0))
@@ -212,11 +238,13 @@ class GatewayFacade:
         out["actors"] = actors
         return out
 
-    def _producers(self, topic: str | None) -> list[dict[str, Any]] | None:
+    def _producers(self, topic: str | None, silent: list[str]) -> list[dict[str, Any]] | None:
         """Connections that published (nsqd's producers), with their `pub_counts`
-        (only `topic`'s when asked for one topic); None when there are none, as nsqd."""
+        (only `topic`'s when asked for one topic); None when there are none, as nsqd.
+        (Not those of the `silent` workers.)"""
         endpoint = current_endpoint()
         names = [a["name"] for node in self.placement.nodes  # (handed-over ones: workers)
+                 if node not in silent
                  for a in endpoint.ask_node(node, ListActors("client:"), self.timeout)]
         out = []
         for reply in endpoint.ask_many([(n, ClientProducer()) for n in names], self.timeout):

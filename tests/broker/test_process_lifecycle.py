@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from actors.broker import Broker
+from actors.runtime.placement import Placement
 from storage.dirlock import DirLock, DirLockedError
 from tests.broker.conftest import broker_options
 from tests.broker.test_broker_actors import wait_for
@@ -331,6 +332,12 @@ def test_ping_says_nok_while_a_worker_cannot_answer_and_metrics_cover_every_proc
                            "nsq_process_threads", "nsq_process_open_fds"):
                 assert any(line.startswith(f'{family}{{process="{node}"')
                            for line in metrics.splitlines()), (family, node)
+        # Given a topic on each worker
+        placement = Placement(2)
+        names = (f"t{i}" for i in range(100))
+        on = {placement.node_for(f"topic:{t}"): t for t in names}
+        for t in (on["worker-0"], on["worker-1"]):
+            b.publish(t, [b"x"])
         # When a worker is frozen (it cannot take a publish), Then /ping says so
         (worker,) = [p for p in b.supervisor.ps() if p.name == "worker-1"]
         assert worker.pid is not None
@@ -339,6 +346,14 @@ def test_ping_says_nok_while_a_worker_cannot_answer_and_metrics_cover_every_proc
             status, text = get("/ping")
             assert status == 500
             assert text.startswith("NOK - worker-1 does not answer")
+            # And /stats answers with the other worker's topics and says which is silent
+            # (it waited for the ask timeout, then failed as a whole)
+            status, text = get("/stats?format=json")
+            assert status == 200, text
+            stats = json.loads(text)
+            assert [t["topic_name"] for t in stats["topics"]] == [on["worker-0"]]
+            assert stats["nodes_silent"] == ["worker-1"]
+            assert stats["health"].startswith("NOK - worker-1 does not answer")
         finally:
             os.kill(worker.pid, signal.SIGCONT)
         # And once it answers again, so does /ping
