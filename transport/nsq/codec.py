@@ -81,6 +81,7 @@ from transport.protocol.validation import (
     parse_decimal,
     parse_msg_id,
     split_mpub_body,
+    split_mpub_view,
     states_allowing,
 )
 
@@ -111,6 +112,10 @@ _FIN_ID = re.compile(rb"FIN (.{16})\n", re.DOTALL)
 FRAME_TYPE_RESPONSE = 0
 FRAME_TYPE_ERROR = 1
 FRAME_TYPE_MESSAGE = 2
+
+_SPLIT_IN_PLACE = 64 * 1024
+"""An MPUB body of at least this many bytes is split straight out of the read buffer
+(`split_mpub_view`); a smaller one is copied out first, which is faster for it."""
 
 
 class Sentinel(Enum):
@@ -362,13 +367,17 @@ class ServerConnection:
                 self._body_size = size
                 self._phase = _Phase.BODY
             elif phase is _Phase.BODY:
-                end = self._pos + self._body_size
+                start, end = self._pos, self._pos + self._body_size
                 if len(buf) < end:
                     return NEED_DATA
-                body = bytes(buf[self._pos : end])
                 self._pos = self._scan = end
                 self._phase = _Phase.LINE
-                return self._finish_body(body)
+                if self._body_size >= _SPLIT_IN_PLACE and self._body_name == "MPUB":
+                    with memoryview(buf) as view, view[start:end] as part:
+                        bodies = split_mpub_view(part, self.limits)
+                    if bodies is not None:
+                        return Mpub(self._topic, bodies)
+                return self._finish_body(bytes(buf[start:end]))
             elif phase is _Phase.MAGIC:
                 if len(buf) - self._pos < 4:
                     return NEED_DATA

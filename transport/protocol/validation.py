@@ -64,6 +64,7 @@ __all__ = [
     "parse_from",
     "parse_msg_id",
     "split_mpub_body",
+    "split_mpub_view",
     "states_allowing",
     "valid_name",
     "valid_tag",
@@ -330,25 +331,50 @@ def split_mpub_body(body: bytes, limits: Limits) -> tuple[bytes, ...]:
     is split again by :func:`_split_mpub_checked`, which names the first fault
     with nsqd's code and sentence.
     """
+    bodies = _split_mpub(body, limits)
+    return tuple(bodies) if bodies is not None else _split_mpub_checked(body, limits)
+
+
+def split_mpub_view(view: memoryview, limits: Limits) -> tuple[bytes, ...] | None:
+    """:func:`split_mpub_body` of a body still in a read buffer, each message copied
+    out of it once; None for a body the checked split must refuse (from bytes: no
+    view of the buffer may outlive the call, in a traceback or anywhere).
+
+    Copying a large body out whole and then each message out of the copy cost four
+    times as much (at 200 messages of 1 KiB: ~210 us against ~55 us here; below
+    ~64 KiB, bytes slicing is the faster)."""
+    bodies = _split_mpub(view, limits)
+    if bodies is None:
+        return None
+    out = tuple(b.tobytes() for b in bodies)
+    for b in bodies:
+        b.release()
+    return out
+
+
+def _split_mpub(body: bytes | memoryview, limits: Limits) -> list[Any] | None:
+    """The messages of an MPUB body as slices of it; None unless all is well."""
     end = len(body)
-    if end >= 4:
-        (count,) = _SIZE.unpack_from(body, 0)
-        if 0 < count <= (limits.max_body_size - 4) // 5:
-            unpack, bodies, pos = _USIZE.unpack_from, [], 4
-            append = bodies.append
-            try:
-                for _ in range(count):
-                    nxt = pos + 4 + unpack(body, pos)[0]
-                    append(body[pos + 4 : nxt])
-                    pos = nxt
-            except struct.error:  # a size field past the end: let the checked split say so
-                pos = -1
-            # Sizes read unsigned only ever move pos forward: a zero size leaves an
-            # empty body, a negative (huge) or overlong one ends past the end.
-            if pos == end and min(map(len, bodies)) > 0 \
-                    and max(map(len, bodies)) <= limits.max_msg_size:
-                return tuple(bodies)
-    return _split_mpub_checked(body, limits)
+    if end < 4:
+        return None
+    (count,) = _SIZE.unpack_from(body, 0)
+    if not 0 < count <= (limits.max_body_size - 4) // 5:
+        return None
+    unpack, bodies, pos = _USIZE.unpack_from, [], 4
+    append = bodies.append
+    try:
+        for _ in range(count):
+            nxt = pos + 4 + unpack(body, pos)[0]
+            append(body[pos + 4 : nxt])
+            pos = nxt
+    except struct.error:  # a size field past the end: let the checked split say so
+        return None
+    # Sizes read unsigned only ever move pos forward: a zero size leaves an empty
+    # body, a negative (huge) or overlong one ends past the end.
+    if pos == end and min(map(len, bodies)) > 0 \
+            and max(map(len, bodies)) <= limits.max_msg_size:
+        return bodies
+    return None
 
 
 def _split_mpub_checked(body: bytes, limits: Limits) -> tuple[bytes, ...]:

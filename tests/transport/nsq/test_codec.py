@@ -46,6 +46,7 @@ from transport.protocol.validation import (
     ProtocolError,
     _split_mpub_checked,
     split_mpub_body,
+    split_mpub_view,
 )
 
 MSG_ID = b"0a1b2c3d4e5f6789"
@@ -621,6 +622,64 @@ def test_mpub_split_fast_path_agrees_with_the_checked_split(
     # Then the fast split returns the same bodies, or the same error, as the checked one
     assert _mpub_outcome(split_mpub_body, body, limits) == \
         _mpub_outcome(_split_mpub_checked, body, limits)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    sizes=st.lists(st.integers(min_value=-3, max_value=12), min_size=0, max_size=6),
+    count_delta=st.integers(min_value=-2, max_value=2),
+    tail=st.binary(max_size=6),
+    cut=st.integers(min_value=0, max_value=8),
+)
+def test_mpub_split_of_a_read_buffer_agrees_with_the_split_of_bytes(
+        sizes: list[int], count_delta: int, tail: bytes, cut: int) -> None:
+    # Given the same bodies as above, still in a read buffer between other bytes
+    parts = [struct.pack(">i", len(sizes) + count_delta)]
+    for n in sizes:
+        parts.append(struct.pack(">i", n) + b"m" * max(0, n))
+    body = b"".join(parts) + tail
+    body = body[: max(0, len(body) - cut)] if cut < 4 else body
+    limits = Limits(max_msg_size=10, max_body_size=200)
+    buf = bytearray(b"head" + body + b"tail")
+    with memoryview(buf) as view, view[4:4 + len(body)] as part:
+        got = split_mpub_view(part, limits)
+    # Then it gives the same bodies, as bytes, or None where the split of bytes raises
+    try:
+        want: tuple[bytes, ...] | None = split_mpub_body(body, limits)
+    except ProtocolError:
+        want = None
+    assert got == want
+    assert all(type(b) is bytes for b in got or ())
+    buf += b"more"  # and no view of the buffer is left (it could not grow)
+
+
+def test_a_large_mpub_is_split_out_of_the_read_buffer_and_the_stream_goes_on() -> None:
+    # Given an MPUB of 200 messages of 1 KiB (split in place: over 64 KiB) arriving in
+    # pieces, with the commands after it
+    bodies = tuple(bytes([i]) * 1024 for i in range(200))
+    body = size(200) + b"".join(size(len(b)) + b for b in bodies)
+    stream = MAGIC + b"MPUB big\n" + size(len(body)) + body + b"NOP\nPUB t\n" + size(2) + b"ok"
+    conn = ServerConnection()
+    events: list[object] = []
+    for i in range(0, len(stream), 7000):
+        conn.receive_data(stream[i:i + 7000])  # (the buffer is cut and grown each time)
+        events += conn.next_events()
+    # Then the messages come out whole, as bytes, and so does what followed
+    assert events == [Mpub("big", bodies), Nop(), Pub("t", b"ok")]
+    assert all(type(b) is bytes for b in events[0].bodies)  # type: ignore[attr-defined]
+
+
+def test_a_large_mpub_with_a_bad_message_gets_nsqds_error() -> None:
+    # Given a large MPUB whose last message is over the message size limit
+    bodies = [b"x" * 1024] * 199 + [b"y" * 2048]
+    body = size(200) + b"".join(size(len(b)) + b for b in bodies)
+    conn = ServerConnection(Limits(max_msg_size=1024))
+    conn.receive_data(MAGIC + b"MPUB t\n" + size(len(body)) + body)
+    # Then it is the error the checked split gives, and it closes the connection
+    (event,) = conn.next_events()
+    assert isinstance(event, ProtocolError)
+    assert (event.code, event.text) == ("E_BAD_MESSAGE", "MPUB message too big 2048 > 1024")
+    assert event.fatal
 
 
 def test_a_run_of_fin_lines_with_odd_bytes_in_the_ids_is_read_whole() -> None:
