@@ -167,28 +167,23 @@ class GatewayFacade:
         """Names of the topic actors on every worker that answers (some may be names
         only: asked about, never created, or deleted -- their `TopicStats` answer is
         None), and the workers that did not answer within `LIST_TIMEOUT`."""
-        endpoint = current_endpoint()
+        workers = [node for node in self.placement.nodes if node != GATEWAY]
         names: list[str] = []
         silent: list[str] = []
-        for node in self.placement.nodes:
-            if node == GATEWAY:
-                continue
-            try:
-                listed = endpoint.ask_node(node, ListActors("topic:"), LIST_TIMEOUT)
-            except AskTimeout:
+        for node, listed in zip(workers, current_endpoint().ask_nodes(
+                [(node, ListActors("topic:")) for node in workers], LIST_TIMEOUT), strict=True):
+            if isinstance(listed, AskTimeout):
                 silent.append(node)
-                continue
-            names.extend(a["name"] for a in listed)
+            elif isinstance(listed, Exception):
+                raise listed
+            else:
+                names.extend(a["name"] for a in listed)
         return sorted(names), silent
 
     def topics(self, topic: str | None, channel: str | None, include_clients: bool,
-               include_storage: bool = False) -> list[dict[str, Any]]:
+               include_storage: bool = False) -> tuple[list[dict[str, Any]], list[str]]:
         """Every topic's stats (or `topic`'s; with `channel`, only that channel's), of
-        the workers that answer."""
-        return self._topics(topic, channel, include_clients, include_storage)[0]
-
-    def _topics(self, topic: str | None, channel: str | None, include_clients: bool,
-                include_storage: bool = False) -> tuple[list[dict[str, Any]], list[str]]:
+        the workers that answer, and the workers that did not (their topics left out)."""
         listed, silent = self._topic_actors()
         names = [n for n in listed if not topic or n == f"topic:{topic}"]
         replies = current_endpoint().ask_many(
@@ -211,7 +206,7 @@ class GatewayFacade:
     def stats(self, topic: str | None, channel: str | None, include_clients: bool,
               include_storage: bool = False) -> dict[str, Any]:
         # (health is the HTTP API's to add: it asks health() itself)
-        topics, silent = self._topics(topic, channel, include_clients, include_storage)
+        topics, silent = self.topics(topic, channel, include_clients, include_storage)
         out: dict[str, Any] = {"version": __version__, "start_time": self.start_time,
                                "topics": topics,
                                "producers": self._producers(topic, silent)
@@ -226,15 +221,15 @@ class GatewayFacade:
         # Per kind of actor and node, not per actor: 10,000 topics are 50,000 actors
         # (`python -m actors.ctl actors` lists them one by one).
         actors: list[dict[str, Any]] = []
-        for node in self.placement.nodes:
-            if node in silent:
-                out.setdefault("actors_error", f"{node} did not answer")
-                continue
-            try:
-                actors.extend(dict(row) for row in current_endpoint().ask_node(
-                    node, ActorSummary(), 2.0))
-            except Exception as e:
-                out.setdefault("actors_error", f"{node}: {e}")
+        nodes = [node for node in self.placement.nodes if node not in silent]
+        if silent:
+            out["actors_error"] = f"{', '.join(silent)} did not answer"
+        for node, rows in zip(nodes, current_endpoint().ask_nodes(
+                [(node, ActorSummary()) for node in nodes], LIST_TIMEOUT), strict=True):
+            if isinstance(rows, Exception):
+                out.setdefault("actors_error", f"{node}: {rows}")
+            else:
+                actors.extend(dict(row) for row in rows)
         out["actors"] = actors
         return out
 
@@ -243,9 +238,10 @@ class GatewayFacade:
         (only `topic`'s when asked for one topic); None when there are none, as nsqd.
         (Not those of the `silent` workers.)"""
         endpoint = current_endpoint()
-        names = [a["name"] for node in self.placement.nodes  # (handed-over ones: workers)
-                 if node not in silent
-                 for a in endpoint.ask_node(node, ListActors("client:"), self.timeout)]
+        nodes = [node for node in self.placement.nodes if node not in silent]
+        names = [a["name"] for listed in endpoint.ask_nodes(  # (handed-over ones: workers)
+                 [(node, ListActors("client:")) for node in nodes], LIST_TIMEOUT)
+                 if not isinstance(listed, Exception) for a in listed]
         out = []
         for reply in endpoint.ask_many([(n, ClientProducer()) for n in names], self.timeout):
             if reply is None or isinstance(reply, Exception):

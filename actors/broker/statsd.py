@@ -110,7 +110,8 @@ class StatsdActor(Actor):
             self.prefix = statsd.prefix_for(o.statsd_prefix, o.broadcast_address, port)
         batch = statsd.Batch(self.prefix, o.statsd_udp_packet_size)
         seen: dict[tuple[str, str], dict[str, int]] = {}
-        for topic in GatewayFacade(o).topics(None, None, include_clients=False):
+        topics, silent = GatewayFacade(o).topics(None, None, include_clients=False)
+        for topic in topics:
             t = str(topic.get("topic_name", ""))
             if o.statsd_exclude_ephemeral and is_ephemeral(t):
                 continue
@@ -127,7 +128,9 @@ class StatsdActor(Actor):
                 for name, key in _CHANNEL_GAUGES:
                     batch.gauge(f"{stat}.{name}", int(channel.get(key) or 0))
                 _e2e(batch, stat, channel)
-        self.last = seen
+        # A worker that did not answer (restarting) keeps its topics' last figures: when
+        # it answers again, each counter goes on from them, not from zero.
+        self.last = {**self.last, **seen} if silent else seen
         if o.statsd_mem_stats:
             self._mem(batch)
         packets = batch.finish()

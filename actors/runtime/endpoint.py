@@ -447,19 +447,33 @@ class Endpoint:
         in the order asked, an exception (AskTimeout, RemoteActorError, ...) in
         place of each reply that failed.  ``timeout`` bounds the whole call.
         """
+        return self._ask_all([(self.placement.node_for(name), name, message)
+                              for name, message in requests], timeout)
+
+    def ask_nodes(self, requests: Sequence[tuple[str, Any]],
+                  timeout: float | None = None) -> list[Any]:
+        """:meth:`ask_many` of ``(node, system request)`` pairs: every node asked at
+        once, so silent ones cost one ``timeout`` in all, not one each."""
+        return self._ask_all([(node, SYSTEM, request) for node, request in requests], timeout)
+
+    def _ask_all(self, requests: Sequence[tuple[str, str, Any]],
+                 timeout: float | None) -> list[Any]:
         if timeout is None:
             timeout = self.options.ask_timeout
         deadline = time.monotonic() + timeout
         plain = not in_actor()  # a plain thread waits in Replies.wait, an actor parks
         replies = self._replies
         waits: list[tuple[str, Future | None, int, Any]] = []
-        for name, message in requests:
-            node = self.placement.node_for(name)
+        for node, name, message in requests:
             request_id = 0
             try:
                 if node == self.node and self.host is not None:
                     future = Future()
-                    self.host.deliver(name, PykkaEnvelope(message, reply_to=future), timeout)
+                    if name == SYSTEM:  # (answered here and now, as ask_node does)
+                        future.set(self.host.system(message))
+                    else:
+                        self.host.deliver(name, PykkaEnvelope(message, reply_to=future),
+                                          timeout)
                     waits.append((name, future, 0, None))
                     continue
                 request_id = next(self._ids)

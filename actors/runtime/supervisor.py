@@ -207,8 +207,9 @@ class Supervisor:
         if self._wake_w >= 0:
             os.write(self._wake_w, b"x")
         # (a SIGTERM raises wherever start() is, actors.runtime.daemon: the monitor may
-        # have been made and not started, and joining that thread raises)
-        if self._monitor is not None and self._monitor.ident is not None:
+        # have been made and not started, and joining that thread raises; one that
+        # starts after this sees _stopping and returns)
+        if self._monitor is not None and self._monitor.is_alive():
             self._monitor.join()
         if self._control is not None:
             self._control.close()

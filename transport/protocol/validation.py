@@ -346,10 +346,11 @@ def split_mpub_view(view: memoryview, limits: Limits) -> tuple[bytes, ...] | Non
     bodies = _split_mpub(view, limits)
     if bodies is None:
         return None
-    out = tuple(b.tobytes() for b in bodies)
-    for b in bodies:
-        b.release()
-    return out
+    try:
+        return tuple(b.tobytes() for b in bodies)
+    finally:  # (even on a MemoryError, whose traceback would hold them)
+        for b in bodies:
+            b.release()
 
 
 def _split_mpub(body: bytes | memoryview, limits: Limits) -> list[Any] | None:
