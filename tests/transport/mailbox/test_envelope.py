@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import KW_ONLY, FrozenInstanceError, asdict, dataclass, field, fields, replace
 from typing import NamedTuple
 
@@ -103,6 +104,39 @@ def test_decoded_arrays_are_tuples_so_messages_stay_immutable() -> None:
 
 def test_a_registered_message_nested_in_a_field_round_trips() -> None:
     assert roundtrip([Wrapper(Put(5, b"n"))]) == [Wrapper(Put(5, b"n"))]
+
+
+def test_large_envelopes_from_many_threads_and_a_pack_inside_a_pack_round_trip() -> None:
+    # Given a registry whose packing calls back into Python (a nested message), and
+    # there encodes another envelope on the same thread (as a signal handler could)
+    reg = MessageRegistry()
+    for cls in (Put, Wrapper):
+        reg.register(cls)
+    inner: list[bytes] = []
+    outer_default = reg._default
+
+    def default(obj: object) -> object:
+        inner.append(reg.encode(TELL, "topic:inner", "w", [Put(2, b"i" * 70_000)]))
+        return outer_default(obj)
+
+    reg._default = default  # type: ignore[method-assign]
+    big = [Put(i, bytes([i]) * 1024) for i in range(200)]
+    data = reg.encode(TELL, "topic:t", "gateway", [*big, Wrapper(Put(1, b"n"))])
+    # Then both come back whole
+    assert list(reg.decode(data).messages) == [*big, Wrapper(Put(1, b"n"))]
+    assert list(reg.decode(inner[0]).messages) == [Put(2, b"i" * 70_000)]
+
+    # And envelopes packed at once on several threads (each its own packer) too
+    def pack(n: int) -> bytes:
+        return registry.encode(TELL, f"topic:{n}", "gateway",
+                               [Put(j, bytes([n]) * (512 + n)) for j in range(300)])
+
+    with ThreadPoolExecutor(4) as pool:
+        packed = list(pool.map(pack, range(16)))
+    for n, data in enumerate(packed):
+        envelope = registry.decode(data)
+        assert envelope.dest == f"topic:{n}"
+        assert list(envelope.messages) == [Put(j, bytes([n]) * (512 + n)) for j in range(300)]
 
 
 def test_ask_and_reply_headers_round_trip() -> None:
