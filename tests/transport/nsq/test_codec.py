@@ -603,21 +603,21 @@ def _mpub_outcome(split, body: bytes, limits: Limits) -> object:
         return (e.code, e.text)
 
 
+@st.composite
+def mpub_bodies(draw: st.DrawFn) -> bytes:
+    """An MPUB body whose count, sizes, bodies and length may all disagree."""
+    sizes = draw(st.lists(st.integers(min_value=-3, max_value=12), min_size=0, max_size=6))
+    parts = [struct.pack(">i", len(sizes) + draw(st.integers(min_value=-2, max_value=2)))]
+    for n in sizes:
+        parts.append(struct.pack(">i", n) + b"m" * max(0, n))
+    body = b"".join(parts) + draw(st.binary(max_size=6))
+    cut = draw(st.integers(min_value=0, max_value=8))
+    return body[: max(0, len(body) - cut)] if cut < 4 else body
+
+
 @settings(max_examples=400, deadline=None)
-@given(
-    sizes=st.lists(st.integers(min_value=-3, max_value=12), min_size=0, max_size=6),
-    count_delta=st.integers(min_value=-2, max_value=2),
-    tail=st.binary(max_size=6),
-    cut=st.integers(min_value=0, max_value=8),
-)
-def test_mpub_split_fast_path_agrees_with_the_checked_split(
-        sizes: list[int], count_delta: int, tail: bytes, cut: int) -> None:
-    # Given an MPUB body whose count, sizes, bodies and length may all disagree
-    parts = [struct.pack(">i", len(sizes) + count_delta)]
-    for size in sizes:
-        parts.append(struct.pack(">i", size) + b"m" * max(0, size))
-    body = b"".join(parts) + tail
-    body = body[: max(0, len(body) - cut)] if cut < 4 else body
+@given(body=mpub_bodies())
+def test_mpub_split_fast_path_agrees_with_the_checked_split(body: bytes) -> None:
     limits = Limits(max_msg_size=10, max_body_size=200)
     # Then the fast split returns the same bodies, or the same error, as the checked one
     assert _mpub_outcome(split_mpub_body, body, limits) == \
@@ -625,20 +625,9 @@ def test_mpub_split_fast_path_agrees_with_the_checked_split(
 
 
 @settings(max_examples=400, deadline=None)
-@given(
-    sizes=st.lists(st.integers(min_value=-3, max_value=12), min_size=0, max_size=6),
-    count_delta=st.integers(min_value=-2, max_value=2),
-    tail=st.binary(max_size=6),
-    cut=st.integers(min_value=0, max_value=8),
-)
-def test_mpub_split_of_a_read_buffer_agrees_with_the_split_of_bytes(
-        sizes: list[int], count_delta: int, tail: bytes, cut: int) -> None:
-    # Given the same bodies as above, still in a read buffer between other bytes
-    parts = [struct.pack(">i", len(sizes) + count_delta)]
-    for n in sizes:
-        parts.append(struct.pack(">i", n) + b"m" * max(0, n))
-    body = b"".join(parts) + tail
-    body = body[: max(0, len(body) - cut)] if cut < 4 else body
+@given(body=mpub_bodies())
+def test_mpub_split_of_a_read_buffer_agrees_with_the_split_of_bytes(body: bytes) -> None:
+    # Given such a body still in a read buffer, between other bytes
     limits = Limits(max_msg_size=10, max_body_size=200)
     buf = bytearray(b"head" + body + b"tail")
     with memoryview(buf) as view, view[4:4 + len(body)] as part:
