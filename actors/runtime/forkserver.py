@@ -113,7 +113,7 @@ def _fork_tracker() -> None:
         if pid == 0:  # (main() ignores the two signals, then unblocks them)
             code = 1
             try:
-                os.close(w)
+                _close_inherited(keep=(r,))
                 resource_tracker.main(r)
                 code = 0
             finally:
@@ -122,6 +122,21 @@ def _fork_tracker() -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _IGNORED)
     os.close(r)
     tracker._fd, tracker._pid = w, pid
+
+
+def _close_inherited(keep: Sequence[int]) -> None:
+    """In a forked server or tracker: close every descriptor but stdio and `keep`.  What
+    the daemon was launched with (a harness's pipe, a shell's redirection) would
+    otherwise stay open in every node until the broker stops, as no spawned server
+    (multiprocessing passes it only what it needs) keeps it."""
+    try:
+        fds: Sequence[int] = [int(n) for n in os.listdir("/proc/self/fd")]
+    except OSError:  # (no /proc: up to the soft limit, at most 65,536)
+        fds = range(3, min(os.sysconf("SC_OPEN_MAX"), 65_536))
+    for fd in fds:
+        if fd > 2 and fd not in keep:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def _fork_server(preload: Sequence[str]) -> None:
@@ -144,9 +159,9 @@ def _fork_server(preload: Sequence[str]) -> None:
             if pid == 0:
                 code = 1
                 try:
-                    os.close(alive_w)
-                    # the tracker's pipe goes to each node with its request, not here
-                    os.close(resource_tracker._resource_tracker._fd)
+                    # (alive_w and the tracker's pipe too: the tracker's goes to each
+                    # node with its request, not from here)
+                    _close_inherited(keep=(listener.fileno(), alive_r))
                     resource_tracker._resource_tracker._fd = None
                     signal.signal(signal.SIGTERM, signal.SIG_IGN)
                     signal.pthread_sigmask(signal.SIG_UNBLOCK, _IGNORED)

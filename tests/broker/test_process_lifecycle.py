@@ -425,3 +425,52 @@ def test_once_ping_says_ok_a_publish_on_every_protocol_is_answered_the_first_tim
     stats = json.loads(b.request("GET", "/stats?format=json")[1])
     assert {t["topic_name"]: t["message_count"] for t in stats["topics"]} == {
         "tcp": 1, "zmq": 1, "http": 1}
+
+
+def test_a_descriptor_the_broker_was_launched_with_stays_in_its_own_process_only(tmp_path):
+    # Given a launcher that leaves the write end of a pipe open in the broker (a harness
+    # waiting for EOF on it, a shell's `3>file`)
+    r, w = os.pipe()
+    http_port = free_port()
+    log = (tmp_path / "b.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "actors.broker", "--data-path", str(tmp_path / "data"),
+         "--workers", "2", "--http-address", f"127.0.0.1:{http_port}",
+         "--tcp-address", "127.0.0.1:0", "--zmq-address", "tcp://127.0.0.1:0"],
+        pass_fds=(w,), stdout=subprocess.DEVNULL, stderr=log)
+    os.close(w)
+    try:
+        def ping_ok() -> bool:
+            assert proc.poll() is None, (tmp_path / "b.log").read_text()[-2000:]
+            conn = http.client.HTTPConnection("127.0.0.1", http_port, timeout=10)
+            try:
+                conn.request("GET", "/ping")
+                return conn.getresponse().read() == b"OK"
+            except OSError:
+                return False
+            finally:
+                conn.close()
+
+        wait_for(ping_ok, 60, "/ping OK")
+        pipe = os.readlink(f"/proc/self/fd/{r}")  # ("pipe:[inode]": both ends share it)
+
+        def holders(pid: int) -> bool:
+            fds = Path(f"/proc/{pid}/fd")
+            return any(os.readlink(fd) == pipe for fd in fds.iterdir())
+
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert len(children) >= 5  # (the fork server, the resource tracker, three nodes)
+        # Then the supervisor, which it was given to, holds it, and no process it forked
+        assert holders(proc.pid)
+        assert [c.pid for c in children if holders(c.pid)] == []
+        # And once the broker stops, the pipe's reader sees its end at once
+        proc.terminate()
+        assert proc.wait(30) == 0
+        os.set_blocking(r, False)  # (a holder left would raise BlockingIOError, not hang)
+        assert os.read(r, 1) == b""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(r)
+        log.close()
