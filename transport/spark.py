@@ -484,10 +484,17 @@ class Batch:
     committed: bool = False
     duplicates: int = 0
     _on_commit: Callable[[list[Message]], None] | None = field(default=None, repr=False)
-    _release: Callable[[], None] | None = field(default=None, repr=False)
-    # (a drain's batch: its refused lines are known once its write has read them all)
-    _settle: Callable[[Batch], None] | None = field(default=None, repr=False)
-    _framed: _Framed | None = field(default=None, repr=False)  # (what made it)
+    _framed: _Framed | None = field(default=None, repr=False)  # its Spark side
+
+    def _release(self) -> None:
+        """Free the batch's staged file, if it has one."""
+        if self._framed is not None and self._framed.release is not None:
+            self._framed.release()
+
+    def _settle(self) -> None:
+        """A drain's batch, once written: its lines the write refused become bad."""
+        if self._framed is not None and self._framed.settle is not None:
+            self._framed.settle(self)
 
     def commit(self) -> None:
         for m in self.messages:
@@ -640,17 +647,15 @@ class TopicReader:
         if self._keeper is not None:
             self._keeper.join(5)
             self._keeper = None
-        prepared: _Prepared | None = None
         try:
-            prepared = None if future is None else future.result()
+            if future is not None:
+                self._drop(future.result())  # (requeued, unstaged)
         except Exception:  # (its messages were requeued)
             log.exception("preparing the next batch failed")
         if self._started:
             self.consumer.pause()
             held = [] if self._pending is None or self._pending.committed \
                 else self._pending.messages
-            if prepared is not None:
-                held += prepared.messages
             while True:
                 try:
                     m = self._arrived.get_nowait()
@@ -668,12 +673,7 @@ class TopicReader:
                     self._arrived.get_nowait()
                 except queue.Empty:
                     break
-        if prepared is not None:
-            _discard(prepared.framed)
-            if prepared.where is not None:
-                assert self._staging is not None
-                self._staging.remove(prepared.where)
-        if self._pending is not None and self._pending._release is not None:
+        if self._pending is not None:
             self._pending._release()
         self._pending = None
         if self._staging is not None:
@@ -714,10 +714,7 @@ class TopicReader:
                     self._pending = batch
                     self._next = _Prefetch(self._prepare_next)
             if closed:
-                batch.requeue()
-                if batch._release is not None:
-                    batch._release()
-                _discard(batch._framed)
+                self._drop(prepared)
                 return
             yield batch
 
@@ -730,8 +727,7 @@ class TopicReader:
             log.warning("batch of %d messages was not committed; requeued",
                         len(pending.messages))
             pending.requeue()
-        if pending._release is not None:
-            pending._release()
+        pending._release()
 
     def _take_next(self) -> _Prepared | None:
         """The batch the prefetch thread prepared, if one was started and ``close()`` has
@@ -912,10 +908,11 @@ class TopicReader:
                     self._drop(prepared)
                     raise
                 _discard(prepared.framed)  # (remade: the first DataFrame never runs)
+                prepared.framed = framed
         out = [BadMessage(m.id, m.body, error) for m, error in bad] + framed.bad
         return Batch(framed.df, framed.rows, out, prepared.messages, duplicates=duplicates,
                      _on_commit=self._remember if self._dedupe_window else None,
-                     _release=framed.release, _settle=framed.settle, _framed=framed)
+                     _framed=framed)
 
     def _spark_side(self, prepared: _Prepared, dup: set[int]) -> _Framed:
         """The batch's DataFrame, leaving out the messages at `dup` in ``kept``."""
@@ -1389,8 +1386,7 @@ def drain_to_parquet(spark: Any, topic: str, channel: str, endpoints: str | Sequ
         for batch in reader.batches():
             if batch.rows:
                 batch.df.write.mode("append").parquet(path)
-            if batch._settle is not None:
-                batch._settle(batch)
+            batch._settle()
             if batch.bad:
                 spark.createDataFrame([(b.id.decode("ascii", "replace"), b.body, b.error)
                                        for b in batch.bad], bad_schema) \

@@ -463,7 +463,7 @@ def test_a_drains_dataframes_that_never_run_leave_no_query_listener_behind(spark
         for expected in ([1, 2], [3]):  # (the second remade without the redelivery)
             batch = next(batches)
             assert sorted(r.id for r in batch.df.collect()) == expected
-            batch._settle(batch)  # (what the drain does after its write)
+            batch._settle()  # (what the drain does after its write)
             batch.commit()
         # and a third made ready, never yielded
         reader._delivered(message(4))
