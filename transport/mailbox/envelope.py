@@ -261,17 +261,14 @@ class MessageRegistry:
         runs = self.encode_runs(messages) if messages else []
         envelope = (kind, dest, sender, reply_to, request_id, runs)
         local = self._local
-        packer = getattr(local, "packer", None)
+        packer = getattr(local, "packer", None)  # (None while this thread packs)
         if packer is None:
-            packer = local.packer = msgpack.Packer(default=self._default)
-            local.busy = False
-        if local.busy:
-            return msgpack.packb(envelope, default=self._default)
-        local.busy = True
+            packer = msgpack.Packer(default=self._default)
+        local.packer = None
         try:
             return packer.pack(envelope)
         finally:
-            local.busy = False
+            local.packer = packer
 
     def decode(self, data: bytes) -> Envelope:
         """Parse bytes produced by :meth:`encode` (by any process)."""
