@@ -94,9 +94,10 @@ def _may_fork() -> bool:
 
 
 _IGNORED = (signal.SIGINT, signal.SIGTERM)
-"""Blocked across each fork, as multiprocessing blocks them across its spawn of the
-tracker: a signal that came before the child has set its own dispositions would end
-it (the tracker ignores both; the server ignores SIGTERM, see `ensure_running`)."""
+"""Blocked in the fork server for its whole life (see `ensure_running`), so in each
+node until it has set its own handlers (``node_main`` then unblocks them: one sent
+before is delivered then, not lost), and across the fork of the tracker, which
+ignores both."""
 
 
 def _fork_tracker() -> None:
@@ -153,25 +154,23 @@ def _fork_server(preload: Sequence[str]) -> None:
         # every process the server forks holds the write end of the "alive" pipe;
         # the server ends when the read end sees all of them gone
         alive_r, alive_w = os.pipe()
-        signal.pthread_sigmask(signal.SIG_BLOCK, _IGNORED)
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, _IGNORED)
         try:
             pid = os.fork()
-            if pid == 0:
+            if pid == 0:  # (the two stay blocked: see _IGNORED)
                 code = 1
                 try:
                     # (alive_w and the tracker's pipe too: the tracker's goes to each
                     # node with its request, not from here)
                     _close_inherited(keep=(listener.fileno(), alive_r))
                     resource_tracker._resource_tracker._fd = None
-                    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-                    signal.pthread_sigmask(signal.SIG_UNBLOCK, _IGNORED)
                     forkserver.main(listener.fileno(), alive_r, list(preload))
                 except SystemExit as e:  # (its end: every client has gone)
                     code = e.code if isinstance(e.code, int) else 0
                 finally:
                     os._exit(code)
         finally:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, _IGNORED)
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         os.close(alive_r)
     server._forkserver_address = address
     server._forkserver_alive_fd = alive_w
@@ -179,21 +178,21 @@ def _fork_server(preload: Sequence[str]) -> None:
 
 
 def ensure_running() -> None:
-    """Start the server if it is not running (again, if it died), ignoring SIGTERM (the
-    disposition survives its exec): a SIGTERM to the whole process group (systemd's
-    stop, ``kill -TERM -<pgid>``) must stop the supervisor and its nodes in order, not
-    kill the server they came from, which would leave the supervisor unable to see
-    how its nodes exit.  The server ends with its supervisor's process (or
-    :func:`exit_now`); nodes set their own SIGTERM handler.  (Only the main thread may
-    set a signal's disposition: a server started from another thread takes SIGTERM.)"""
-    if threading.current_thread() is not threading.main_thread():
-        forkserver.ensure_running()
-        return
-    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    """Start the server if it is not running (again, if it died), with SIGTERM and
+    SIGINT blocked (the mask survives its exec, and it never unblocks them): a
+    SIGTERM to the whole process group (systemd's stop, ``kill -TERM -<pgid>``) must
+    stop the supervisor and its nodes in order, not kill the server they came from,
+    which would leave the supervisor unable to see how its nodes exit.  The server
+    ends with its supervisor's process (or :func:`exit_now`).
+
+    Blocked in the calling thread only, the signals still reach this process: another
+    thread takes them, or they wait until the mask is restored.  (Ignoring them here
+    instead would lose a SIGTERM that came meanwhile, and the daemon would run on.)"""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _IGNORED)
     try:
         forkserver.ensure_running()
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def exit_now(code: int) -> NoReturn:

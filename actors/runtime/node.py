@@ -8,7 +8,8 @@ done: :mod:`actors.runtime.forkserver`) and passes a picklable
 :class:`NodeSpec`.  :func:`node_main` then
 
 1. ignores SIGINT (the supervisor orchestrates shutdown) and turns SIGTERM
-   into an orderly stop;
+   into an orderly stop, then unblocks the two (the fork server keeps them
+   blocked: a SIGTERM that came before the handler is delivered now);
 2. creates the :class:`Node`, its :class:`~actors.runtime.dispatcher.Dispatcher`
    (the few threads every actor of the node runs on) and its
    :class:`~actors.runtime.endpoint.Endpoint`, binding
@@ -378,6 +379,7 @@ def node_main(spec: NodeSpec) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, on_sigterm)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))
     node = Node(spec)
     node.boot()
     gc.freeze()  # objects of the startup phase are never garbage: stop rescanning them

@@ -184,7 +184,6 @@ class Supervisor:
         self._endpoint = Endpoint("supervisor", self.run_dir, self.placement, self.options)
         self._wake_r, self._wake_w = os.pipe()
         try:
-            forkserver.ensure_running()  # (ignoring SIGTERM: see there)
             for child in self._children.values():
                 self._start_child(child)
             self._wait_ready(time.monotonic() + self.options.start_timeout)
@@ -233,6 +232,9 @@ class Supervisor:
         self.stop()
 
     def _start_child(self, child: _Child) -> None:
+        # (a server that died is started again here, not by process.start(), which
+        # would leave it open to a SIGTERM to the process group: see there)
+        forkserver.ensure_running()
         spec = NodeSpec(child.node, self.run_dir, self.options, self._factories, self._log_level,
                         self._boot, self._shared_fds, stdio_fds())
         process = self._mp.Process(target=node_main, args=(spec,), name=child.node, daemon=True)

@@ -463,7 +463,11 @@ def test_a_descriptor_the_broker_was_launched_with_stays_in_its_own_process_only
         # Then the supervisor, which it was given to, holds it, and no process it forked
         assert holders(proc.pid)
         assert [c.pid for c in children if holders(c.pid)] == []
-        # And once the broker stops, the pipe's reader sees its end at once
+        # And once the broker stops, the pipe's reader sees its end at once.  (/ping
+        # answers before start() returns: a SIGTERM before the running line is a stop
+        # while starting, which exits 1 by design, actors.runtime.daemon.)
+        wait_for(lambda: "broker running" in (tmp_path / "b.log").read_text(), 30,
+                 "the running line")
         proc.terminate()
         assert proc.wait(30) == 0
         os.set_blocking(r, False)  # (a holder left would raise BlockingIOError, not hang)

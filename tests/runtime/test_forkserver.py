@@ -7,10 +7,13 @@ import os
 import subprocess
 import sys
 import textwrap
+import signal
 import threading
+from multiprocessing import forkserver as mp_forkserver
 
 import pytest
 
+from actors.runtime import forkserver
 from actors.runtime.inbox import Mailbox
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -58,6 +61,7 @@ _KILL_SERVER = textwrap.dedent("""
     from actors.runtime import forkserver
     from actors.runtime.supervisor import Supervisor
     from tests.runtime.helpers import FACTORIES, Seq, GetLog, Whoami
+    from tests.runtime.test_forkserver import blocked_signals
 
     def nodes(rt):
         return {p.name: p for p in rt.ps() if p.role != "supervisor"}
@@ -77,7 +81,10 @@ _KILL_SERVER = textwrap.dedent("""
             gone = [pid for pid in before.values()
                     if not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"]
             _, pid, _ = rt.ask("rec:a", Whoami(), timeout=10)
-            print(json.dumps({"before": before, "after": after, "gone": gone, "pid": pid}))
+            server = mp_forkserver._forkserver._forkserver_pid
+            blocked = {n: blocked_signals(p) for n, p in [("server", server), *after.items()]}
+            print(json.dumps({"before": before, "after": after, "gone": gone, "pid": pid,
+                              "blocked": blocked}))
 """)
 
 
@@ -95,6 +102,37 @@ def test_when_the_fork_server_dies_each_node_is_stopped_before_a_new_one_starts(
     assert "the fork server is gone" in done.stderr
     # and messaging works again (on a new process)
     assert seen["pid"] == seen["after"]["worker-0"]
+    # and the new server, too, keeps SIGTERM and SIGINT blocked (a SIGTERM to the
+    # process group is not its end), while its nodes have unblocked them
+    term_int = [signal.SIGTERM, signal.SIGINT]
+    assert set(term_int) <= set(seen["blocked"]["server"])
+    assert not set(term_int) & {s for n in ("gateway", "worker-0") for s in seen["blocked"][n]}
+
+
+def blocked_signals(pid: int) -> list[int]:
+    """The signals process `pid`'s main thread blocks (``SigBlk`` in /proc)."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        mask = int(next(line for line in f if line.startswith("SigBlk:")).split()[1], 16)
+    return [n for n in range(1, 65) if mask >> (n - 1) & 1]
+
+
+@pytest.mark.timeout(10)
+def test_a_sigterm_that_comes_while_the_server_is_ensured_reaches_the_handler(
+        monkeypatch) -> None:
+    # Given a daemon's SIGTERM handler, and a SIGTERM that comes while the fork server is
+    # being ensured (started, or found running)
+    got: list[int] = []
+    monkeypatch.setattr(mp_forkserver, "ensure_running",
+                        lambda: os.kill(os.getpid(), signal.SIGTERM))
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: got.append(signum))
+    try:
+        forkserver.ensure_running()
+        # Then the handler has it once the call returns (it was once ignored there, and
+        # lost: a daemon signalled while starting ran on)
+        assert got == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
 
 
 @pytest.mark.timeout(10)
