@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
-import signal
 import threading
 from multiprocessing import forkserver as mp_forkserver
 
