@@ -45,6 +45,7 @@ import itertools
 import json
 import logging
 import mmap
+import operator
 import os
 import re
 import shutil
@@ -241,9 +242,12 @@ class DiskQueue:
                                  "torn_tails", "syncs", "bad_files", "acks",
                                  "acks_not_journaled", "lost_to_corruption"), 0)
         # ack mode
-        self._order: deque[tuple[int, int]] = deque()  # (position, index in chunk), read order
+        # What was handed out, in read order: runs ``[positions, index in the chunk of
+        # the first, start]`` of positions in one chunk (see `ack_many`).  The head
+        # run's position at `start` is the floor: the oldest pending one.
+        self._runs: deque[list[Any]] = deque()
+        self._run_total = 0  # positions in _runs from their start: not pending, acked early
         self._pending: set[int] = set()
-        self._acked_early: set[int] = set()
         self._read_mark = self._meta_read = 0  # see `read_before` (set by `_recover`)
         self._meta_time = -float("inf")  # when a sync last wrote the metadata (`_write_meta`)
         self._skip: set[int] = set()
@@ -669,7 +673,8 @@ class DiskQueue:
                 skip.discard(pos)
                 continue
             if ack_mode:
-                self._order.append((pos, self._cidx - 1))
+                self._runs.append([[pos], self._cidx - 1, 0])
+                self._run_total += 1
                 self._pending.add(pos)
             out.append((pos, data))
         if pos >= 0:
@@ -695,7 +700,8 @@ class DiskQueue:
         self._read += n
         if self.ack_mode:
             positions = [p for p, _ in run]
-            self._order.extend(zip(positions, range(base, base + n), strict=True))
+            self._runs.append([positions, base, 0])
+            self._run_total += n
             self._pending.update(positions)
         out += run
         return last
@@ -807,7 +813,7 @@ class DiskQueue:
         self._rchunk, self._roff, self._rdecoded, self._rskip = chunk, HEADER_SIZE, 0, 0
         # Decoding only moves on when everything decoded was consumed, so in
         # plain mode the chunks before this one are done with.
-        if not self.ack_mode or not self._order:
+        if not self.ack_mode or not self._runs:
             self._delete_chunks_before(chunk)
 
     def _delete_chunks_before(self, chunk: int) -> None:
@@ -964,13 +970,20 @@ class DiskQueue:
     def _find_in(self, n: int, span: tuple[int, int], key: bytes,
                  key_of: Callable[[bytes], bytes], floor: int) -> tuple[bytes, bool] | None:
         start, end = span
-        skip, early = self._skip, self._acked_early
+        skip, pending, runs = self._skip, self._pending, self._runs
+        # handed out since the floor: up to the last run's last (a position up to there
+        # that is not pending was acked, in this life or an earlier one)
+        hi = runs[-1][0][-1] if runs else floor - 1
         for offset, _next, field, body in self._frames(n, start, end):
             for i, payload in messages_holding(field, body, key):
                 if key_of(payload) == key:
                     position = make_position(n, offset, i)
-                    if position >= floor and position not in early and position not in skip:
-                        return payload, position in self._pending
+                    if position < floor or position in skip:
+                        continue
+                    if position in pending:
+                        return payload, True
+                    if position > hi:
+                        return payload, False
         return None
 
     # -------------------------------------------------------------------- ack
@@ -986,34 +999,25 @@ class DiskQueue:
         with self._rlock:
             if self._closed:
                 raise QueueClosedError(f"queue {self.name} is closed")
-            pending, order, early = self._pending, self._order, self._acked_early
-            positions = list(positions)
-            n = len(positions)
-            if 1 < n <= len(order) and order[0][0] == positions[0] \
-                    and [p for p, _ in itertools.islice(order, n)] == positions \
-                    and pending.issuperset(positions):
-                # The oldest pending records, in read order (a consumer FINing a batch):
-                # no acked-early bookkeeping, the floor moves past all of them.  (A record
-                # acked early is in `order` but no longer pending: the slow path's case.)
-                done = positions
-                pending.difference_update(done)
-                popleft = order.popleft
-                for _ in range(n):
-                    popleft()
-                while order and order[0][0] in early:
-                    early.remove(popleft()[0])
-            else:
-                # Out of read order (several consumers FINing their own runs): set
-                # operations in C, then the floor moves past whatever is acked at its head.
-                acked = pending.intersection(positions)
-                done = list(acked)
-                pending.difference_update(acked)
-                early.update(acked)
-                popleft = order.popleft
-                while order and order[0][0] in early:
-                    early.remove(popleft()[0])
-            if not done:
+            pending = self._pending
+            acked = pending.intersection(positions)
+            if not acked:
                 return 0
+            done = list(acked)
+            pending.difference_update(acked)
+            # The floor moves past the head runs that hold nothing pending any more (a
+            # consumer FINing its runs in order, or several FINing theirs out of order),
+            # then to the first pending position of the head: set operations and
+            # iterators in C, a step per run, not per position.
+            runs = self._runs
+            while runs and pending.isdisjoint(runs[0][0]):
+                positions, _, start = runs.popleft()
+                self._run_total -= len(positions) - start
+            if runs and (head := runs[0])[0][head[2]] not in pending:
+                positions, _, start = head
+                head[2] = start + operator.indexOf(
+                    map(pending.__contains__, itertools.islice(positions, start, None)), True)
+                self._run_total -= head[2] - start
             self._c["acks"] += len(done)
             try:
                 if self._journal_torn:  # an earlier append failed part way: rewrite it all
@@ -1021,11 +1025,11 @@ class DiskQueue:
                     self._journal_torn = False
                 self._journal_entries += len(done)
                 os.write(self._journal_fd, _ack_record(done))
-                floor_chunk = order[0][0] >> 48 if order else self._rchunk
+                floor_chunk = runs[0][0][0] >> 48 if runs else self._rchunk  # (a run: one chunk)
                 if floor_chunk > self._oldest:
                     self._delete_chunks_before(floor_chunk)
                 if self._journal_entries > max(JOURNAL_COMPACT_MIN,
-                                               4 * (len(early) + len(self._skip))):
+                                               4 * (self._acked_early() + len(self._skip))):
                     self._compact_journal()
             except OSError as e:
                 if e.errno not in (errno.ENOSPC, errno.EDQUOT):
@@ -1042,12 +1046,14 @@ class DiskQueue:
     def _floor(self) -> tuple[int, int]:
         """(position, index in chunk) from which a reopened queue must read again."""
         state = self._rstate  # read before peeking at the pending list: see ack_many
-        if self.ack_mode:
-            try:
-                return self._order[0]
-            except IndexError:
-                return state
+        if self.ack_mode and self._runs:
+            positions, base, start = self._runs[0]
+            return positions[start], base + start
         return state
+
+    def _acked_early(self) -> int:
+        """How many positions above the floor were acked (those the journal must keep)."""
+        return self._run_total - len(self._pending)
 
     def _write_meta(self, *, force: bool = False, lazy: bool = True) -> None:
         """Persist the read position (ack mode: the floor, and how far reads went) if it
@@ -1096,7 +1102,10 @@ class DiskQueue:
         with self._metalock:
             self._write_meta(force=True)
             floor = self._floor()[0]
-            keep = [p for p in (self._acked_early | self._skip) if p >= floor]
+            pending = self._pending
+            early = [p for positions, _, start in self._runs
+                     for p in itertools.islice(positions, start, None) if p not in pending]
+            keep = [*early, *(p for p in self._skip if p >= floor)]
             write_atomic(self._acks_path, _ack_record(keep) if keep else b"")
             os.close(self._journal_fd)
             self._journal_fd = os.open(self._acks_path, os.O_WRONLY | os.O_APPEND)
@@ -1166,9 +1175,9 @@ class DiskQueue:
             self._cache.close()
             self._view = None
             self._ring = [None] * self._ring_size
-            self._order.clear()
+            self._runs.clear()
+            self._run_total = 0
             self._pending.clear()
-            self._acked_early.clear()
             self._skip.clear()
             self._writer = ChunkWriter(self._chunk_path(nxt), nxt, self._max_bytes, create=True)
             self._dir_dirty = True

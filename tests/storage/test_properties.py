@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from storage import DiskQueue
+from storage import diskqueue as dq_mod
 from tests.storage.conftest import FakeMemory, ManualSyncer
 
 messages = st.binary(min_size=0, max_size=300)
@@ -77,10 +78,13 @@ class PlainQueueModel(RuleBasedStateMachine):
 
 
 class AckQueueModel(RuleBasedStateMachine):
-    """In ack mode, a reopen brings back exactly the unacked messages, in order."""
+    """In ack mode, a reopen (after a close or a crash) brings back exactly the unacked
+    messages, in order, with the ack journal compacted often on the way."""
 
     def __init__(self) -> None:
         super().__init__()
+        self.compact_min, dq_mod.JOURNAL_COMPACT_MIN = dq_mod.JOURNAL_COMPACT_MIN, 4
+        self.crashed: list[DiskQueue] = []  # (dropped, not closed: closed at the end)
         self.dir = tempfile.mkdtemp(prefix="dqack")
         self.unread: list[tuple[int, bytes]] = []  # (seq, payload) not handed out
         self.pending: dict[int, tuple[int, bytes]] = {}  # position -> (seq, payload), read order
@@ -136,9 +140,12 @@ class AckQueueModel(RuleBasedStateMachine):
             del self.pending[p]
         self.acked.update(chosen)
 
-    @rule()
-    def reopen(self) -> None:
-        self.q.close()
+    @rule(crash=st.booleans())
+    def reopen(self, crash: bool) -> None:
+        if crash:  # what the OS has (every write and ack returned) is what a reopen finds
+            self.crashed.append(self.q)
+        else:
+            self.q.close()
         self.q = self._open()
         self.unread = sorted([*self.pending.values(), *self.unread])
         self.pending.clear()
@@ -149,7 +156,9 @@ class AckQueueModel(RuleBasedStateMachine):
         assert self.q.pending() == len(self.pending)
 
     def teardown(self) -> None:
-        self.q.close()
+        dq_mod.JOURNAL_COMPACT_MIN = self.compact_min
+        for q in [*self.crashed, self.q]:
+            q.close()
         shutil.rmtree(self.dir)
 
 
