@@ -37,16 +37,17 @@ keeps every sift inside ``heapq``'s C code.
 
 *Runs.*  A channel delivers a run of messages to one client with one
 deadline; :meth:`InFlightQueue.push_run` gives such a run a single heap
-entry ``[priority, sequence, RUN, members, live]`` whose *members* are the
-per-key entries (tuples ``(priority, sequence, key, item, run)``, all in
-the index; a member is live while the index maps its key to it).  Pushing
-a run is then one ``heappush`` and one ``dict.update``, not one of each per
-message.  Removing a member counts the run's ``live`` down;
-a run whose members are all gone becomes a tombstone itself, and a run
-mostly gone is shrunk to its live members (amortised O(1), as above), so a
-run never holds on to much more than its live members.  A popped run yields
-its live members in order; ties between runs and single entries of equal
-priority still go by sequence, i.e. insertion order.
+entry ``[priority, sequence, RUN, members, size]`` whose *members* are a
+dict ``key -> item`` of its live messages, in order; the index maps each
+member's key to the run itself.  Pushing a run is one ``heappush`` and
+two dict builds in C, not a heap entry or a Python object per message;
+removing a member deletes it from both dicts.  A run whose members are all
+gone becomes a tombstone itself, and one mostly gone (its members fewer
+than a quarter of `size`, how many it held when last built) is rebuilt
+with only them, since a dict keeps its table when keys leave: a run never
+holds on to much more than its live members.  A popped run yields its
+members in order; ties between runs and single entries of equal priority
+still go by sequence, i.e. insertion order.
 
 Pops return the earliest entries first: ``pop_expired(now)`` returns every
 entry whose priority is ``<= now`` (nsq's ``PeekAndShift`` loop), optionally
@@ -65,10 +66,10 @@ __all__ = ["DeferredQueue", "DuplicateIdError", "InFlightQueue", "KeyedHeap"]
 T = TypeVar("T")
 
 _DEAD: Any = object()  # key of a tombstoned heap entry
-_RUN: Any = object()  # key of a run's heap entry (see "Runs")
+_RUN: Any = object()  # key of a run's heap entry (see "Runs"; its item: the members)
 _PRIORITY, _SEQ, _KEY, _ITEM = 0, 1, 2, 3
-_LIVE = 4  # a run's count of live members (in a member: its run)
-_COMPACT_MIN = 64  # heaps smaller than this are never rebuilt
+_SIZE = 4  # a run's member count when its members dict was built
+_COMPACT_MIN = 64  # heaps (and runs) smaller than this are never rebuilt
 _MISSING: Any = object()
 
 
@@ -100,10 +101,11 @@ class KeyedHeap(Generic[T]):
     def remove(self, msg_id: Hashable) -> T:
         """Remove ``msg_id`` and return its item; ``KeyError`` if absent.  O(1)."""
         entry = self._index.pop(msg_id)
-        item = entry[_ITEM]
-        if len(entry) > _LIVE:
-            _member_gone(entry[_LIVE], self._index)
+        if entry[_KEY] is _RUN:
+            item = entry[_ITEM].pop(msg_id)
+            _member_gone(entry)
         else:
+            item = entry[_ITEM]
             entry[_KEY] = _DEAD
             entry[_ITEM] = None
         heap = self._heap
@@ -117,15 +119,15 @@ class KeyedHeap(Generic[T]):
         The entry goes behind existing entries of equal priority.
         """
         old = self._index[msg_id]
-        if item is _MISSING:
-            item = old[_ITEM]
-        entry = [priority, next(self._seq), msg_id, item]
-        self._index[msg_id] = entry
-        if len(old) > _LIVE:
-            _member_gone(old[_LIVE], self._index)
+        if old[_KEY] is _RUN:
+            was = old[_ITEM].pop(msg_id)
+            _member_gone(old)
         else:
+            was = old[_ITEM]
             old[_KEY] = _DEAD
             old[_ITEM] = None
+        entry = [priority, next(self._seq), msg_id, was if item is _MISSING else item]
+        self._index[msg_id] = entry
         heapq.heappush(self._heap, entry)
         if len(self._heap) > _COMPACT_MIN and len(self._heap) > 2 * len(self._index):
             self._compact()
@@ -157,23 +159,28 @@ class KeyedHeap(Generic[T]):
         """Take up to `room` live members of `run` (the heap's top) into `out`; the run
         leaves the heap once it has none left."""
         index = self._index
-        live = [m for m in run[_ITEM] if index.get(m[_KEY]) is m]
-        take = live[:room]
-        if len(take) < len(live):
-            run[_ITEM], run[_LIVE] = live[room:], len(live) - room
+        members = run[_ITEM]
+        if room < len(members):
+            take = list(itertools.islice(members.items(), room))
+            for key, _ in take:
+                del members[key]
+            _member_gone(run)
         else:
+            take = list(members.items())
             heapq.heappop(self._heap)
-            run[_KEY], run[_ITEM], run[_LIVE] = _DEAD, None, 0
-        for m in take:
-            key = m[_KEY]
+            run[_KEY], run[_ITEM] = _DEAD, None
+        for key, _ in take:
             del index[key]
-            out.append((key, m[_ITEM]))
+        out += take
 
     def drain(self) -> list[tuple[Any, T]]:
         """Remove and return every ``(key, item)``, earliest first."""
-        live = sorted(self._index.values(), key=lambda e: (e[_PRIORITY], e[_SEQ]))
+        live = sorted(((e[_PRIORITY], e[_SEQ], i, key, item)
+                       for e in self._heap if e[_KEY] is not _DEAD
+                       for i, (key, item) in enumerate(_entry_items(e))),
+                      key=lambda t: t[:3])
         self.clear()
-        return [(e[_KEY], e[_ITEM]) for e in live]
+        return [(key, item) for *_, key, item in live]
 
     def clear(self) -> None:
         """Forget every entry."""
@@ -196,7 +203,9 @@ class KeyedHeap(Generic[T]):
     def get(self, msg_id: Hashable, default: Any = None) -> T | Any:
         """The item under ``msg_id``, or ``default``."""
         entry = self._index.get(msg_id)
-        return default if entry is None else entry[_ITEM]
+        if entry is None:
+            return default
+        return entry[_ITEM][msg_id] if entry[_KEY] is _RUN else entry[_ITEM]
 
     def priority_of(self, msg_id: Hashable) -> float:
         """The priority of ``msg_id``; ``KeyError`` if absent."""
@@ -204,7 +213,8 @@ class KeyedHeap(Generic[T]):
 
     def items(self) -> list[tuple[Any, float, T]]:
         """A snapshot of ``(key, priority, item)`` in insertion/update order."""
-        return [(k, e[_PRIORITY], e[_ITEM]) for k, e in self._index.items()]
+        return [(k, e[_PRIORITY], e[_ITEM][k] if e[_KEY] is _RUN else e[_ITEM])
+                for k, e in self._index.items()]
 
     def __len__(self) -> int:
         return len(self._index)
@@ -220,13 +230,19 @@ class KeyedHeap(Generic[T]):
         return f"<{type(self).__name__} len={len(self)} next={self.peek()!r}>"
 
 
-def _member_gone(run: list[Any], index: dict[Any, Any], count: int = 1) -> None:
-    """`count` more members of `run` left `index`: let go of what is no longer live."""
-    run[_LIVE] -= count
-    if not run[_LIVE]:
+def _entry_items(entry: list[Any]) -> Iterable[tuple[Any, Any]]:
+    """A live heap entry's ``(key, item)`` s: a run's members, or the entry's own."""
+    return entry[_ITEM].items() if entry[_KEY] is _RUN else ((entry[_KEY], entry[_ITEM]),)
+
+
+def _member_gone(run: list[Any]) -> None:
+    """Members of `run` left: a tombstone once none is left, rebuilt once mostly gone."""
+    members = run[_ITEM]
+    if not members:
         run[_KEY], run[_ITEM] = _DEAD, None
-    elif run[_LIVE] * 4 < len(run[_ITEM]) and len(run[_ITEM]) > _COMPACT_MIN:
-        run[_ITEM] = [m for m in run[_ITEM] if index.get(m[_KEY]) is m]
+    elif len(members) * 4 < run[_SIZE] and run[_SIZE] > _COMPACT_MIN:
+        run[_ITEM] = dict(members)
+        run[_SIZE] = len(members)
 
 
 class InFlightQueue(KeyedHeap[T]):
@@ -241,12 +257,10 @@ class InFlightQueue(KeyedHeap[T]):
 
     def push_run(self, msg_ids: list[Any], deadline: float, items: Iterable[T]) -> None:
         """``push`` of ids not in flight that share one deadline, as one run (see "Runs")."""
-        run: list[Any] = [deadline, next(self._seq), _RUN, None, len(msg_ids)]
-        seq = run[_SEQ]
-        run[_ITEM] = members = [(deadline, seq, k, item, run)
-                                for k, item in zip(msg_ids, items, strict=True)]
+        members = dict(zip(msg_ids, items, strict=True))
         if members:
-            self._index.update(zip(msg_ids, members, strict=True))
+            run = [deadline, next(self._seq), _RUN, members, len(members)]
+            self._index.update(dict.fromkeys(members, run))  # (the hashes come along)
             heapq.heappush(self._heap, run)
 
     def remove_owned(self, msg_ids: list[Any], owner: Any, owner_at: int
@@ -257,22 +271,28 @@ class InFlightQueue(KeyedHeap[T]):
         failed: list[Any] = []
         for msg_id in msg_ids:
             entry = index.get(msg_id)
-            if entry is None or entry[_ITEM][owner_at] != owner:
+            if entry is None:
                 failed.append(msg_id)
                 continue
-            del index[msg_id]
-            removed.append(entry[_ITEM])
-            if len(entry) > _LIVE:  # _member_gone, inlined: this is every FIN
-                run = entry[_LIVE]
-                live = run[_LIVE] = run[_LIVE] - 1
-                if not live:
-                    run[_KEY] = _DEAD
-                    run[_ITEM] = None
-                elif not live & 63:
-                    _member_gone(run, index, 0)
+            if entry[_KEY] is _RUN:
+                members = entry[_ITEM]
+                item = members[msg_id]
+                if item[owner_at] != owner:
+                    failed.append(msg_id)
+                    continue
+                del members[msg_id]
+                left = len(members)
+                if not left or (not left & 63 and left * 4 < entry[_SIZE]):  # (this is
+                    _member_gone(entry)  # every FIN: checked inline, called seldom)
             else:
+                item = entry[_ITEM]
+                if item[owner_at] != owner:
+                    failed.append(msg_id)
+                    continue
                 entry[_KEY] = _DEAD
                 entry[_ITEM] = None
+            del index[msg_id]
+            removed.append(item)
         heap = self._heap
         if len(heap) > _COMPACT_MIN and len(heap) > 2 * len(index):
             self._compact()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import sys
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -380,3 +381,18 @@ def test_runs_mixed_with_single_entries_match_a_simple_model() -> None:
     # And a drain gives what is left in the same order
     rest = sorted((v[0], v[1], k) for k, v in model.items())
     assert [k for k, _ in q.drain()] == [k for _, _, k in rest]
+
+
+def test_a_run_mostly_finished_lets_go_of_what_its_members_held() -> None:
+    # Given a run of 2,000 messages of which a client FINs all but one, as they come
+    q: InFlightQueue[tuple[int, str]] = InFlightQueue()
+    ids = list(range(2000))
+    q.push_run(ids, 10, [(i, "c") for i in ids])
+    full = sys.getsizeof(q._heap[0][3])
+    for k in range(0, 1999, 50):
+        q.remove_owned(ids[k:min(k + 50, 1999)], "c", 1)
+    # Then the run's members take little room (a dict keeps its table as keys leave:
+    # rebuilt), and the one left times out as before
+    assert sys.getsizeof(q._heap[0][3]) * 16 < full
+    assert q.pop_expired(10) == [(1999, (1999, "c"))]
+    assert len(q) == 0
