@@ -100,14 +100,7 @@ class KeyedHeap(Generic[T]):
 
     def remove(self, msg_id: Hashable) -> T:
         """Remove ``msg_id`` and return its item; ``KeyError`` if absent.  O(1)."""
-        entry = self._index.pop(msg_id)
-        if entry[_KEY] is _RUN:
-            item = entry[_ITEM].pop(msg_id)
-            _member_gone(entry)
-        else:
-            item = entry[_ITEM]
-            entry[_KEY] = _DEAD
-            entry[_ITEM] = None
+        item = _detach(self._index.pop(msg_id), msg_id)
         heap = self._heap
         if len(heap) > _COMPACT_MIN and len(heap) > 2 * len(self._index):
             self._compact()
@@ -118,14 +111,7 @@ class KeyedHeap(Generic[T]):
 
         The entry goes behind existing entries of equal priority.
         """
-        old = self._index[msg_id]
-        if old[_KEY] is _RUN:
-            was = old[_ITEM].pop(msg_id)
-            _member_gone(old)
-        else:
-            was = old[_ITEM]
-            old[_KEY] = _DEAD
-            old[_ITEM] = None
+        was = _detach(self._index[msg_id], msg_id)
         entry = [priority, next(self._seq), msg_id, was if item is _MISSING else item]
         self._index[msg_id] = entry
         heapq.heappush(self._heap, entry)
@@ -203,9 +189,7 @@ class KeyedHeap(Generic[T]):
     def get(self, msg_id: Hashable, default: Any = None) -> T | Any:
         """The item under ``msg_id``, or ``default``."""
         entry = self._index.get(msg_id)
-        if entry is None:
-            return default
-        return entry[_ITEM][msg_id] if entry[_KEY] is _RUN else entry[_ITEM]
+        return default if entry is None else _item(entry, msg_id)
 
     def priority_of(self, msg_id: Hashable) -> float:
         """The priority of ``msg_id``; ``KeyError`` if absent."""
@@ -213,8 +197,7 @@ class KeyedHeap(Generic[T]):
 
     def items(self) -> list[tuple[Any, float, T]]:
         """A snapshot of ``(key, priority, item)`` in insertion/update order."""
-        return [(k, e[_PRIORITY], e[_ITEM][k] if e[_KEY] is _RUN else e[_ITEM])
-                for k, e in self._index.items()]
+        return [(k, e[_PRIORITY], _item(e, k)) for k, e in self._index.items()]
 
     def __len__(self) -> int:
         return len(self._index)
@@ -230,9 +213,26 @@ class KeyedHeap(Generic[T]):
         return f"<{type(self).__name__} len={len(self)} next={self.peek()!r}>"
 
 
+def _item(entry: list[Any], key: Any) -> Any:
+    """The item of `key`, whose index entry is `entry` (a run, or its own)."""
+    return entry[_ITEM][key] if entry[_KEY] is _RUN else entry[_ITEM]
+
+
 def _entry_items(entry: list[Any]) -> Iterable[tuple[Any, Any]]:
     """A live heap entry's ``(key, item)`` s: a run's members, or the entry's own."""
     return entry[_ITEM].items() if entry[_KEY] is _RUN else ((entry[_KEY], entry[_ITEM]),)
+
+
+def _detach(entry: list[Any], key: Any) -> Any:
+    """Take `key` (whose index entry is `entry`) out of the heap: its item."""
+    if entry[_KEY] is _RUN:
+        item = entry[_ITEM].pop(key)
+        _member_gone(entry)
+        return item
+    item = entry[_ITEM]
+    entry[_KEY] = _DEAD
+    entry[_ITEM] = None
+    return item
 
 
 def _member_gone(run: list[Any]) -> None:
@@ -281,9 +281,8 @@ class InFlightQueue(KeyedHeap[T]):
                     failed.append(msg_id)
                     continue
                 del members[msg_id]
-                left = len(members)
-                if not left or (not left & 63 and left * 4 < entry[_SIZE]):  # (this is
-                    _member_gone(entry)  # every FIN: checked inline, called seldom)
+                if not len(members) & 63:  # (_detach, inlined: this is every FIN)
+                    _member_gone(entry)
             else:
                 item = entry[_ITEM]
                 if item[owner_at] != owner:
