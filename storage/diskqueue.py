@@ -45,7 +45,6 @@ import itertools
 import json
 import logging
 import mmap
-import operator
 import os
 import re
 import shutil
@@ -669,13 +668,13 @@ class DiskQueue:
                 self._cidx += 1
             else:
                 self._cchunk, self._cidx = pos >> 48, 1
-            if skip and pos in skip:
+            if skip and pos in skip:  # (acked in an earlier life: ack mode only)
                 skip.discard(pos)
+                if self._runs:  # above the floor: an ack a compacted journal must keep
+                    self._hand_out([pos], self._cidx - 1, pending=False)
                 continue
             if ack_mode:
-                self._runs.append([[pos], self._cidx - 1, 0])
-                self._run_total += 1
-                self._pending.add(pos)
+                self._hand_out([pos], self._cidx - 1)
             out.append((pos, data))
         if pos >= 0:
             self._rstate = (pos + 1, self._cidx)
@@ -699,12 +698,17 @@ class DiskQueue:
         self._cchunk, self._cidx = chunk, base + n
         self._read += n
         if self.ack_mode:
-            positions = [p for p, _ in run]
-            self._runs.append([positions, base, 0])
-            self._run_total += n
-            self._pending.update(positions)
+            self._hand_out([p for p, _ in run], base)
         out += run
         return last
+
+    def _hand_out(self, positions: list[int], base: int, *, pending: bool = True) -> None:
+        """Remember `positions` (in one chunk, the first at index `base` in it) as a run
+        handed out (ack mode): pending, or already acked (skipped: acked before a reopen)."""
+        self._runs.append([positions, base, 0])
+        self._run_total += len(positions)
+        if pending:
+            self._pending.update(positions)
 
     def _decode(self) -> bool:
         """Decode the next frames into the read-ahead buffer; False if nothing came."""
@@ -970,10 +974,10 @@ class DiskQueue:
     def _find_in(self, n: int, span: tuple[int, int], key: bytes,
                  key_of: Callable[[bytes], bytes], floor: int) -> tuple[bytes, bool] | None:
         start, end = span
-        skip, pending, runs = self._skip, self._pending, self._runs
-        # handed out since the floor: up to the last run's last (a position up to there
-        # that is not pending was acked, in this life or an earlier one)
-        hi = runs[-1][0][-1] if runs else floor - 1
+        skip, pending = self._skip, self._pending
+        # read since the floor: up to the read position (a position up to there that is
+        # not pending was acked, in this life or an earlier one)
+        hi = self._rstate[0] - 1
         for offset, _next, field, body in self._frames(n, start, end):
             for i, payload in messages_holding(field, body, key):
                 if key_of(payload) == key:
@@ -1005,19 +1009,28 @@ class DiskQueue:
                 return 0
             done = list(acked)
             pending.difference_update(acked)
-            # The floor moves past the head runs that hold nothing pending any more (a
-            # consumer FINing its runs in order, or several FINing theirs out of order),
-            # then to the first pending position of the head: set operations and
-            # iterators in C, a step per run, not per position.
+            # The floor moves to the first pending position from the head run's on,
+            # past the runs that hold none any more (a consumer FINing its runs in
+            # order, or several FINing theirs out of order): a whole run in one set
+            # operation in C, and otherwise each position passed once.
             runs = self._runs
-            while runs and pending.isdisjoint(runs[0][0]):
-                positions, _, start = runs.popleft()
-                self._run_total -= len(positions) - start
-            if runs and (head := runs[0])[0][head[2]] not in pending:
-                positions, _, start = head
-                head[2] = start + operator.indexOf(
-                    map(pending.__contains__, itertools.islice(positions, start, None)), True)
-                self._run_total -= head[2] - start
+            while runs:
+                head = runs[0]
+                held, _, start = head
+                if held[start] in pending:
+                    break
+                if not start and pending.isdisjoint(held):
+                    runs.popleft()
+                    self._run_total -= len(held)
+                    continue
+                k, n = start + 1, len(held)
+                while k < n and held[k] not in pending:
+                    k += 1
+                self._run_total -= k - start
+                if k < n:
+                    head[2] = k
+                    break
+                runs.popleft()
             self._c["acks"] += len(done)
             try:
                 if self._journal_torn:  # an earlier append failed part way: rewrite it all
@@ -1046,8 +1059,11 @@ class DiskQueue:
     def _floor(self) -> tuple[int, int]:
         """(position, index in chunk) from which a reopened queue must read again."""
         state = self._rstate  # read before peeking at the pending list: see ack_many
-        if self.ack_mode and self._runs:
-            positions, base, start = self._runs[0]
+        if self.ack_mode:
+            try:  # (the sync thread asks without the read lock)
+                positions, base, start = self._runs[0]
+            except IndexError:
+                return state
             return positions[start], base + start
         return state
 
