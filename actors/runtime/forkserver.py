@@ -188,6 +188,7 @@ def ensure_running() -> None:
     Blocked in the calling thread only, the signals still reach this process: another
     thread takes them, or they wait until the mask is restored.  (Ignoring them here
     instead would lose a SIGTERM that came meanwhile, and the daemon would run on.)"""
+    resource_tracker.ensure_running()  # (first: starting it unblocks the two)
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, _IGNORED)
     try:
         forkserver.ensure_running()

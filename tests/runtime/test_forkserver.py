@@ -109,6 +109,24 @@ def test_when_the_fork_server_dies_each_node_is_stopped_before_a_new_one_starts(
     assert not set(term_int) & {s for n in ("gateway", "worker-0") for s in seen["blocked"][n]}
 
 
+@pytest.mark.timeout(60)
+def test_a_spawned_server_keeps_sigterm_and_sigint_blocked() -> None:
+    # Given a process that starts the fork server itself, spawned (as a test session or
+    # an embedding program does), its resource tracker started on the way
+    script = textwrap.dedent("""
+        import json
+        from multiprocessing import forkserver as mp_forkserver
+        from actors.runtime import forkserver
+        from tests.runtime.test_forkserver import blocked_signals
+        forkserver.ensure_running()
+        print(json.dumps(blocked_signals(mp_forkserver._forkserver._forkserver_pid)))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=50, check=True)
+    # Then the server blocks both (a SIGTERM to the process group is not its end)
+    assert {signal.SIGTERM, signal.SIGINT} <= set(json.loads(done.stdout))
+
+
 def blocked_signals(pid: int) -> list[int]:
     """The signals process `pid`'s main thread blocks (``SigBlk`` in /proc)."""
     with open(f"/proc/{pid}/status", encoding="ascii") as f:
