@@ -72,7 +72,14 @@ import zmq
 from transport.protocol import commands as pc
 from transport.protocol.validation import ProtocolError, parse_from
 from transport.zmq import curve
-from transport.zmq.codec import ErrorReply, Messages, Ok, encode_request, parse_reply
+from transport.zmq.codec import (
+    ErrorReply,
+    Messages,
+    Ok,
+    PackedMessages,
+    encode_request,
+    parse_reply,
+)
 from transport.zmq.frames import recv_frames, send_frames
 
 log = logging.getLogger(__name__)
@@ -360,6 +367,9 @@ class _Session:
         self.monitor: zmq.Socket[Any] | None = None
         self.left = False
         self.up = False  # subscribed (SUB answered): it gets a share of max_in_flight
+        # the broker packs deliveries in one frame, and takes many FIN ids in one (its
+        # IDENTIFY reply said packed_messages: an older broker sends MESSAGE frames)
+        self.packed = False
         self.stop = threading.Event()  # this session only (its broker left the lookups)
         self.thread = threading.Thread(target=self.run, name=f"consumer-{endpoint}", daemon=True)
 
@@ -412,6 +422,7 @@ class _Session:
 
     def _session(self) -> None:
         c = self.consumer
+        self.packed = False  # (until this broker's IDENTIFY reply says so)
         self.sock = _socket(c.ctx, self.endpoint, c.curve)
         # A DEALER reconnects by itself, but the broker behind it may be a new one that
         # knows nothing of this session: on a disconnect, start the session afresh
@@ -422,7 +433,7 @@ class _Session:
         poller.register(self.monitor, zmq.POLLIN)
         hb = c.heartbeat_interval_ms
         self.send(pc.Identify({"client_id": c.client_id, "heartbeat_interval": hb,
-                               "msg_timeout": c.msg_timeout_ms,
+                               "msg_timeout": c.msg_timeout_ms, "packed_messages": True,
                                "user_agent": "zmqnsq-python/0.1"}), b"#identify")
         if c.auth_secret is not None:
             self.send(pc.Auth(c.auth_secret), b"#auth")  # (the broker answers it before SUB)
@@ -448,9 +459,9 @@ class _Session:
                 continue
             last_heard = time.monotonic()
             reply = parse_reply(recv_frames(self.sock))
-            if isinstance(reply, Messages):
+            if isinstance(reply, PackedMessages | Messages):
                 for m in reply.messages:
-                    self._handle(m)
+                    self._handle(*m)
                 self._flush()
             elif isinstance(reply, ErrorReply):
                 if reply.error.fatal:
@@ -460,6 +471,10 @@ class _Session:
                 if closing and reply.corr == b"#cls":
                     self.leave()  # keep the socket open until every session has CLSed
                     return
+                if reply.corr == b"#identify" and reply.payload:
+                    with contextlib.suppress(ValueError, TypeError, msgpack.UnpackException):
+                        self.packed = msgpack.unpackb(reply.payload).get(
+                            "packed_messages") is True
                 if reply.corr == b"#sub" and not self.up:
                     self.up = True
                     c._share_rdy()
@@ -469,27 +484,33 @@ class _Session:
             else:  # HEARTBEAT
                 self.send(pc.Nop())
 
-    def _handle(self, raw: Any) -> None:
+    def _handle(self, msg_id: bytes, timestamp: int, attempts: int, body: bytes) -> None:
         c = self.consumer
-        msg = Message(raw.id, raw.body, raw.timestamp, raw.attempts, self)
+        msg = Message(msg_id, body, timestamp, attempts, self)
         try:
             c.handler(msg)
         except Exception:  # the handler failed: REQ with a backoff, as go-nsq does
-            log.exception("handler failed on message %s (attempt %d)", raw.id, raw.attempts)
-            msg.requeue(min(c.max_requeue_delay_ms, 100 * 2 ** min(raw.attempts, 16)))
+            log.exception("handler failed on message %s (attempt %d)", msg_id, attempts)
+            msg.requeue(min(c.max_requeue_delay_ms, 100 * 2 ** min(attempts, 16)))
             return
         if c.auto_finish:
             msg.finish()
         c.handled += 1
 
     def _flush(self) -> None:
-        """Send the queued FINs (500 ids a request) and the other queued commands."""
+        """Send the queued FINs (500 ids a request; 5,000 in one frame to a broker that
+        packs) and the other queued commands."""
         fins, outbox = self.fins, self.outbox
+        per_request = 5000 if self.packed else 500
         while fins:
             ids = []
-            while fins and len(ids) < 500:
+            while fins and len(ids) < per_request:
                 ids.append(fins.popleft())
-            self.send(pc.Fin(tuple(ids)))
+            if self.packed:
+                assert self.sock is not None
+                send_frames(self.sock, [b"FIN", b"".join(ids)])
+            else:
+                self.send(pc.Fin(tuple(ids)))
         while outbox:
             item = outbox.popleft()
             if isinstance(item, threading.Event):

@@ -352,7 +352,7 @@ class ZmqConnection(_SessionConnection):
     """A ZeroMQ session: replies carry the request's correlation frame."""
 
     def deliver(self, channel: str, messages: list[bytes]) -> None:
-        self.server.send(self.session, zmq_codec.encode_messages(messages))
+        self.server.deliver(self.session, messages)
 
     def respond(self, corr: bytes | None, error: Any, payload: bytes | None = None) -> None:
         if error is None:

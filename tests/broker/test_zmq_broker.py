@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+import msgpack
 import pytest
 import zmq
 
@@ -14,7 +15,7 @@ from tests.broker.conftest import broker_options
 from tests.broker.test_broker_actors import wait_for
 from transport.client import BrokerRefused, Consumer, Message, Producer, PublishError
 from transport.protocol import commands as pc
-from transport.zmq.codec import Messages, encode_request, parse_reply
+from transport.zmq.codec import Messages, PackedMessages, encode_request, parse_reply
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -115,6 +116,65 @@ def test_a_silent_session_is_dropped_and_its_messages_go_to_another_consumer(bro
             wait_for(lambda: got.bodies == [b"held"], timeout=15, what="redelivery")
     finally:
         raw.close(linger=0)
+        ctx.term()
+
+
+def _raw_session(ctx: zmq.Context, endpoint: str, topic: str, channel: str,
+                 identify: dict) -> zmq.Socket:
+    raw = ctx.socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(endpoint)
+    raw.send_multipart(encode_request(pc.Identify(identify), b"#1"))
+    raw.send_multipart(encode_request(pc.Sub(topic, channel), b"#2"))
+    raw.send_multipart(encode_request(pc.Rdy(100)))
+    return raw
+
+
+def _deliveries(raw: zmq.Socket, count: int) -> tuple[list, set[type]]:
+    """`count` messages as (id, timestamp, attempts, body), and the reply kinds they came in."""
+    got: list = []
+    kinds: set[type] = set()
+    deadline = time.monotonic() + 10
+    while len(got) < count and time.monotonic() < deadline:
+        if raw.poll(100):
+            reply = parse_reply(raw.recv_multipart())
+            if isinstance(reply, Messages | PackedMessages):
+                kinds.add(type(reply))
+                got += [tuple(m) for m in reply.messages]
+    return got, kinds
+
+
+def test_a_session_that_asks_gets_its_messages_packed_and_fins_them_in_one_frame(broker):
+    # Given two sessions on two channels of a topic, one asking for packed messages
+    ctx = zmq.Context()
+    packed = _raw_session(ctx, broker.zmq_endpoint, "packed", "p", {"packed_messages": True})
+    plain = _raw_session(ctx, broker.zmq_endpoint, "packed", "q", {})
+    try:
+        replies = [parse_reply(s.recv_multipart()) for s in (packed, plain)]
+        assert [msgpack.unpackb(r.payload)["packed_messages"] for r in replies] == [True, False]
+        wait_for(lambda: len(broker.topic_stats("packed")["channels"]) == 2, what="channels")
+        # When 50 messages are published
+        bodies = [b"m%d" % i for i in range(50)]
+        with Producer(broker.zmq_endpoint) as p:
+            p.multi_publish("packed", bodies)
+        # Then both sessions get them, each in the form it asked for
+        got_packed, kinds_packed = _deliveries(packed, 50)
+        got_plain, kinds_plain = _deliveries(plain, 50)
+        assert (kinds_packed, kinds_plain) == ({PackedMessages}, {Messages})
+        assert sorted(m[3] for m in got_packed) == sorted(m[3] for m in got_plain) \
+            == sorted(bodies)
+        assert all(m[2] == 1 for m in got_packed)
+        # And one FIN frame holding every id finishes them all
+        packed.send_multipart([b"FIN", b"".join(m[0] for m in got_packed)])
+
+        def in_flight(channel: str) -> int:
+            stats = broker.topic_stats("packed")["channels"]
+            return next(c["in_flight_count"] for c in stats if c["channel_name"] == channel)
+        wait_for(lambda: in_flight("p") == 0, what="every message FINed")
+        assert in_flight("q") == 50
+    finally:
+        packed.close(linger=0)
+        plain.close(linger=0)
         ctx.term()
 
 

@@ -89,6 +89,8 @@ class IdentifySettings:
     """... at this level (0: the default, 6)."""
     snappy: bool = False
     """The client asked for snappy."""
+    packed_messages: bool = False
+    """ZeroMQ only: deliveries packed in one frame (docs/PROTOCOL.md 1.5)."""
 
     @classmethod
     def defaults(cls, limits: Limits) -> IdentifySettings:

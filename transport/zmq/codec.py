@@ -17,7 +17,8 @@ into a :class:`Request` ``(corr, command)``::
   collide; a client that does not pipeline omits it.
 * **Arguments** are one frame each: names and ids as ASCII, numbers as ASCII
   decimal, bodies as raw bytes, IDENTIFY's map as msgpack.  FIN takes any
-  number of ids, MPUB any number of bodies.
+  number of ids (a frame may hold several, one after the other), MPUB any
+  number of bodies.
 
 Validation is :mod:`transport.protocol.validation`'s, shared with NSQ V2, so a
 request gets the same code, sentence and fatality on either protocol.  When
@@ -32,7 +33,9 @@ Replies (broker to client) are lists of frames:
 * ``[#corr] ERROR code text`` (fatal unless the code is ``E_FIN_FAILED``,
   ``E_REQ_FAILED`` or ``E_TOUCH_FAILED``);
 * ``MESSAGE m1 m2 ...``: one or more deliveries batched in one multipart
-  message, each frame NSQ's message encoding;
+  message, each frame NSQ's message encoding; or, to a session that asked
+  for ``packed_messages`` in IDENTIFY, ``MESSAGES packed``: the same
+  messages in one frame, each preceded by its size (4 bytes, big-endian);
 * ``HEARTBEAT``.
 
 :func:`encode_request` and :func:`parse_reply` are the client's inverses.
@@ -40,6 +43,8 @@ Replies (broker to client) are lists of frames:
 
 from __future__ import annotations
 
+import dataclasses
+import struct
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -47,6 +52,8 @@ import msgpack
 
 from transport.mailbox.envelope import frozen
 from transport.protocol.commands import (
+    HEADER_SIZE,
+    MSG_ID_LENGTH,
     Auth,
     Cls,
     Command,
@@ -92,6 +99,7 @@ __all__ = [
     "ErrorReply",
     "Messages",
     "Ok",
+    "PackedMessages",
     "Reply",
     "Request",
     "encode_error",
@@ -99,10 +107,12 @@ __all__ = [
     "encode_identify_reply",
     "encode_messages",
     "encode_ok",
+    "encode_packed_messages",
     "encode_request",
     "identify_reply",
     "parse_reply",
     "parse_request",
+    "unpack_messages",
 ]
 
 PROTOCOL_VERSION = 1
@@ -151,6 +161,7 @@ def identify_reply(
         "max_body_size": limits.max_body_size,
         "max_req_timeout": limits.max_req_timeout,
         "auth_required": server.auth_required,
+        "packed_messages": settings.packed_messages,
     }
 
 
@@ -162,6 +173,11 @@ def _identify(args: Sequence[bytes], limits: Limits, server: ServerInfo) -> Comm
     except (ValueError, TypeError, RecursionError, msgpack.UnpackException) as e:
         raise ProtocolError("E_BAD_BODY", "IDENTIFY failed to decode msgpack body") from e
     settings = identify_settings(data, limits, allow_no_heartbeats=False, encoding="msgpack")
+    packed = data.get("packed_messages", False) if isinstance(data, dict) else False
+    if not isinstance(packed, bool):
+        raise ProtocolError("E_BAD_BODY", "IDENTIFY failed to decode msgpack body")
+    if packed:
+        settings = dataclasses.replace(settings, packed_messages=True)
     return Identify(data, settings, identify_reply(settings, limits, server))
 
 
@@ -239,6 +255,12 @@ def _rdy(args: Sequence[bytes], limits: Limits, _server: ServerInfo) -> Command:
 
 def _fin(args: Sequence[bytes], _limits: Limits, _server: ServerInfo) -> Command:
     _arity(args, "FIN", 1, at_least=True)
+    if len(args) == 1 and len(args[0]) > MSG_ID_LENGTH:  # many ids in one frame
+        ids = args[0]
+        if len(ids) % MSG_ID_LENGTH:
+            raise invalid(f"FIN {len(ids)} bytes of message ids is not a multiple of "
+                          f"{MSG_ID_LENGTH}")
+        return Fin(tuple(ids[i:i + MSG_ID_LENGTH] for i in range(0, len(ids), MSG_ID_LENGTH)))
     return Fin(tuple(parse_msg_id(a, "FIN") for a in args))
 
 
@@ -343,6 +365,21 @@ def encode_messages(messages: Sequence[bytes]) -> list[bytes]:
     return [b"MESSAGE", *messages]
 
 
+_SIZE = struct.Struct(">I")
+_HEAD = struct.Struct(">qH")  # a message's timestamp and attempts (1.6)
+
+
+def encode_packed_messages(messages: Sequence[bytes]) -> list[bytes]:
+    """``MESSAGES packed``: the same messages in one frame, each after its size (a
+    session that asked for ``packed_messages``: one frame to send and receive, not one
+    a message)."""
+    size = _SIZE.pack
+    parts: list[bytes] = [b""] * (2 * len(messages))
+    parts[::2] = [size(len(m)) for m in messages]
+    parts[1::2] = messages
+    return [b"MESSAGES", b"".join(parts)]
+
+
 _HEARTBEAT = [b"HEARTBEAT"]
 
 
@@ -425,7 +462,36 @@ class Messages:
     messages: tuple[Message, ...]
 
 
-Reply = Ok | ErrorReply | Messages | Heartbeat
+def unpack_messages(packed: bytes) -> list[tuple[bytes, int, int, bytes]]:
+    """A ``MESSAGES`` frame's messages as ``(id, timestamp, attempts, body)``; ValueError
+    for a frame that does not split into whole messages."""
+    out = []
+    head, size = _HEAD.unpack_from, _SIZE.unpack_from
+    pos, end = 0, len(packed)
+    if not end:
+        raise ValueError("no messages")
+    append = out.append
+    while pos < end:
+        if end - pos < 4 + HEADER_SIZE:
+            raise ValueError(f"{end - pos} bytes left at {pos}, short of a message")
+        (n,) = size(packed, pos)
+        start, pos = pos + 4, pos + 4 + n
+        if n < HEADER_SIZE or pos > end:
+            raise ValueError(f"a message of {n} bytes at {start - 4} does not fit")
+        ts, attempts = head(packed, start)
+        append((packed[start + 10:start + HEADER_SIZE], ts, attempts,
+                packed[start + HEADER_SIZE:pos]))
+    return out
+
+
+@frozen(slots=True)
+class PackedMessages:
+    """``MESSAGES``: one or more deliveries in one frame (see :func:`unpack_messages`)."""
+
+    messages: list[tuple[bytes, int, int, bytes]]
+
+
+Reply = Ok | ErrorReply | Messages | PackedMessages | Heartbeat
 
 
 def parse_reply(frames: Sequence[bytes]) -> Reply | ProtocolError:
@@ -444,6 +510,11 @@ def parse_reply(frames: Sequence[bytes]) -> Reply | ProtocolError:
             return Messages(tuple(decode_message(m) for m in frames[1:]))
         except ValueError as e:
             return ProtocolError("E_BAD_PROTOCOL", f"bad MESSAGE frame: {e}")
+    if corr is None and kind == b"MESSAGES" and len(frames) == 2:
+        try:
+            return PackedMessages(unpack_messages(frames[1]))
+        except ValueError as e:
+            return ProtocolError("E_BAD_PROTOCOL", f"bad MESSAGES frame: {e}")
     if corr is None and kind == b"HEARTBEAT" and len(frames) == 1:
         return Heartbeat()
     shown = [f[:20] for f in frames[:4]]

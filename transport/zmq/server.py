@@ -53,7 +53,9 @@ from transport.zmq.codec import (
     encode_error,
     encode_heartbeat,
     encode_identify_reply,
+    encode_messages,
     encode_ok,
+    encode_packed_messages,
     parse_request,
 )
 from transport.zmq.frames import recv_frames, send_frames
@@ -164,6 +166,18 @@ class ZmqServer:
         if rid is None:
             return
         self._outq.append((rid, frames))
+        self._wake()
+
+    def deliver(self, session: str, messages: list[bytes]) -> None:
+        """Send NSQ-encoded messages to a session, from any thread: ``MESSAGE`` frames, or
+        one ``MESSAGES`` frame if it asked for ``packed_messages`` (docs/PROTOCOL.md 1.5)."""
+        rid = self._by_name.get(session)
+        s = None if rid is None else self._sessions.get(rid)
+        if s is None:
+            return
+        packed = s.settings is not None and s.settings.packed_messages
+        self._outq.append((rid, encode_packed_messages(messages) if packed
+                           else encode_messages(messages)))
         self._wake()
 
     def drop(self, session: str) -> None:

@@ -31,12 +31,14 @@ from transport.zmq.codec import (
     ErrorReply,
     Messages,
     Ok,
+    PackedMessages,
     Request,
     encode_error,
     encode_heartbeat,
     encode_identify_reply,
     encode_messages,
     encode_ok,
+    encode_packed_messages,
     encode_request,
     parse_reply,
     parse_request,
@@ -256,11 +258,40 @@ def test_identify_answers_ok_with_a_msgpack_map_of_the_negotiated_settings() -> 
     assert answer["protocol_version"] == 1
 
 
+def test_identify_grants_packed_messages_to_a_session_that_asks() -> None:
+    for asked in (True, False, None):
+        data = {} if asked is None else {"packed_messages": asked}
+        corr, event = parse([b"#1", b"IDENTIFY", msgpack.packb(data)])
+        assert isinstance(event, Identify)
+        assert event.settings.packed_messages is bool(asked)
+        assert msgpack.unpackb(encode_identify_reply(corr, event)[2])["packed_messages"] \
+            is bool(asked)
+
+
+def test_identify_with_packed_messages_not_a_bool_is_a_bad_body() -> None:
+    error = error_of([b"IDENTIFY", msgpack.packb({"packed_messages": 1})])
+    assert (error.code, error.text) == ("E_BAD_BODY", "IDENTIFY failed to decode msgpack body")
+
+
 def test_identify_without_keys_gets_the_defaults() -> None:
     event = parse([b"IDENTIFY", msgpack.packb({})]).command
     assert isinstance(event, Identify)
     assert event.settings.heartbeat_interval == SMALL.client_timeout // 2
     assert event.settings.msg_timeout == SMALL.msg_timeout
+
+
+def test_fin_takes_many_ids_in_one_frame() -> None:
+    other = b"fedcba9876543210"
+    assert parse([b"FIN", MSG_ID + other + MSG_ID]).command == Fin((MSG_ID, other, MSG_ID))
+    assert parse([b"FIN", MSG_ID]).command == Fin((MSG_ID,))
+
+
+@pytest.mark.parametrize("frame", [MSG_ID + b"x", MSG_ID * 2 + b"0123456789"])
+def test_a_fin_frame_of_ids_that_is_not_a_multiple_of_16_bytes_is_refused(frame: bytes) -> None:
+    error = error_of([b"FIN", frame])
+    assert error.code == "E_INVALID"
+    assert error.fatal
+    assert f"FIN {len(frame)} bytes of message ids is not a multiple of 16" in error.text
 
 
 # ---------------------------------------------------------------------------
@@ -289,6 +320,34 @@ def test_every_reply_round_trips_through_the_client_parser() -> None:
         (Message(MSG_ID, 123, 1, b"body"),) * 2
     )
     assert parse_reply(encode_heartbeat()) == Heartbeat()
+
+
+def test_packed_messages_are_each_message_after_its_size_in_one_frame() -> None:
+    raw = struct.pack(">qH", 123, 1) + MSG_ID + b"body"
+    other = struct.pack(">qH", -5, 65535) + b"fedcba9876543210" + b"x" * 70_000
+    frames = encode_packed_messages([raw, other])
+    assert frames == [b"MESSAGES", struct.pack(">I", len(raw)) + raw
+                      + struct.pack(">I", len(other)) + other]
+    assert parse_reply(frames) == PackedMessages(
+        [(MSG_ID, 123, 1, b"body"), (b"fedcba9876543210", -5, 65535, b"x" * 70_000)])
+
+
+@pytest.mark.parametrize("packed", [
+    b"", b"\x00\x00", struct.pack(">I", 30) + b"x" * 29,
+    struct.pack(">I", 25) + b"x" * 25, struct.pack(">I", 27) + b"x" * 27 + b"\x00"],
+    ids=["empty", "short size", "cut short", "shorter than a header", "a stray byte"])
+def test_a_malformed_packed_reply_is_a_bad_protocol_error(packed: bytes) -> None:
+    error = parse_reply([b"MESSAGES", packed])
+    assert isinstance(error, ProtocolError), error
+    assert error.code == "E_BAD_PROTOCOL"
+    assert parse_reply([b"MESSAGES", packed, packed]).code == "E_BAD_PROTOCOL"
+
+
+@FUZZ
+@given(st.binary(max_size=120))
+def test_an_arbitrary_packed_frame_is_messages_or_a_bad_protocol_error(packed: bytes) -> None:
+    reply = parse_reply([b"MESSAGES", packed])
+    assert isinstance(reply, PackedMessages | ProtocolError)
 
 
 @pytest.mark.parametrize(
@@ -322,7 +381,8 @@ def test_a_malformed_reply_is_a_bad_protocol_error(frames: list[bytes]) -> None:
 frames_strategy = st.lists(
     st.one_of(
         st.sampled_from([b"PUB", b"MPUB", b"DPUB", b"SUB", b"RDY", b"FIN", b"REQ", b"TOUCH",
-                         b"CLS", b"NOP", b"IDENTIFY", b"#1", b"t", MSG_ID, b"5"]),
+                         b"CLS", b"NOP", b"IDENTIFY", b"#1", b"t", MSG_ID, b"5",
+                         b"MESSAGES", b"MESSAGE"]),
         st.binary(max_size=40),
     ),
     max_size=6,
@@ -362,4 +422,5 @@ def test_arbitrary_identify_maps_are_settled_or_refused_with_bad_body(
 @FUZZ
 @given(frames=frames_strategy)
 def test_arbitrary_replies_never_raise(frames: list[bytes]) -> None:
-    assert isinstance(parse_reply(frames), Ok | ErrorReply | Messages | Heartbeat | ProtocolError)
+    assert isinstance(parse_reply(frames),
+                      Ok | ErrorReply | Messages | PackedMessages | Heartbeat | ProtocolError)
