@@ -314,7 +314,7 @@ class Producer:
         self.close()
 
 
-@dataclass
+@dataclass(slots=True)
 class Message:
     """A delivered message; FIN/REQ/TOUCH go back to the broker that sent it.
 

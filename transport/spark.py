@@ -483,7 +483,8 @@ class Batch:
     messages: list[Message] = field(repr=False)
     committed: bool = False
     duplicates: int = 0
-    _on_commit: Callable[[list[Message]], None] | None = field(default=None, repr=False)
+    # (the reader's: the messages are no longer held, and, committed, are remembered)
+    _on_settled: Callable[[list[Message], bool], None] | None = field(default=None, repr=False)
     _framed: _Framed | None = field(default=None, repr=False)  # its Spark side
 
     def _release(self) -> None:
@@ -500,12 +501,14 @@ class Batch:
         for m in self.messages:
             m.finish()
         self.committed = True
-        if self._on_commit is not None:
-            self._on_commit(self.messages)
+        if self._on_settled is not None:
+            self._on_settled(self.messages, True)
 
     def requeue(self) -> None:
         for m in self.messages:
             m.requeue(0)
+        if self._on_settled is not None:
+            self._on_settled(self.messages, False)
 
 
 class TopicReader:
@@ -569,6 +572,7 @@ class TopicReader:
         self.idle_timeout = idle_timeout
         self.metadata = metadata
         self._batches = 0
+        self._line_heads: list[bytes] = []  # a staged line's start, by its index
         self._refused_after_write = False  # (drain_to_parquet's: see _from_json_lines)
         self._read_plan: _ReadPlan | None = None
         self._arrived: queue.SimpleQueue[Message] = queue.SimpleQueue()
@@ -667,6 +671,7 @@ class TopicReader:
                 m.requeue(0)
             self.consumer.close()
             self._started = False
+            self._held.clear()
         else:  # (a sentinel no gather took)
             while True:
                 try:
@@ -787,6 +792,17 @@ class TopicReader:
             got[(m.source, m.id)] = m
         return list(got.values())
 
+    def _settled(self, messages: list[Message], committed: bool) -> None:
+        """A batch FINed (`committed`) or requeued: its messages are no longer held (the
+        keeper stops touching them, and the garbage collector no longer scans them;
+        held until the keeper's next round, a drain's messages cost a second of full
+        collections a 300,000), and committed ones are remembered for deduplication."""
+        pop = self._held.pop
+        for m in messages:
+            pop(id(m), None)
+        if committed and self._dedupe_window:
+            self._remember(messages)
+
     def _remember(self, messages: list[Message]) -> None:
         seen = self._seen
         for m in messages:
@@ -817,6 +833,7 @@ class TopicReader:
         """Give a batch that will not be yielded back: requeue it, unstage it."""
         for m in prepared.messages:
             m.requeue(0)
+        self._settled(prepared.messages, False)
         _discard(prepared.framed)
         if prepared.where is not None:
             assert self._staging is not None
@@ -827,26 +844,38 @@ class TopicReader:
         """Each body that is one whole JSON object becomes a line (wrapped with its
         index and metadata) of a staged file for Spark's JSON reader."""
         assert self._staging is not None
-        kept, bad, lines = prepared.kept, prepared.bad, []
-        meta = self.metadata
-        for m in prepared.messages:
-            try:
-                body = _json_line(m.body)
-            except ValueError as e:
-                bad.append((m, f"cannot decode: {e}"))
-                continue
-            if meta:
-                lines.append(b'{"_nsq_i":%d,"_nsq_id":%b,"_nsq_timestamp":%d,'
-                             b'"_nsq_attempts":%d,"_nsq_body":%b}' % (
-                                 len(kept), orjson.dumps(m.id.decode("ascii", "replace")),
-                                 m.timestamp, m.attempts, body))
-            else:
-                lines.append(b'{"_nsq_i":%d,"_nsq_body":%b}' % (len(kept), body))
-            kept.append((m, body))
-        if kept:
-            self._batches += 1
-            prepared.where = self._staging.write(f"batch-{self._batches}.json",
-                                                 b"\n".join(lines))
+        kept, values, bad = prepared.kept, prepared.values, prepared.bad
+        bodies = [m.body for m in prepared.messages]
+        if _whole_objects(bodies):  # (the usual batch: judged in C, not body by body)
+            kept += prepared.messages
+            values += bodies
+        else:
+            for m in prepared.messages:
+                try:
+                    values.append(_json_line(m.body))
+                except ValueError as e:
+                    bad.append((m, f"cannot decode: {e}"))
+                    continue
+                kept.append(m)
+        if not kept:
+            return
+        if self.metadata:
+            blob = b"\n".join([b'{"_nsq_i":%d,"_nsq_id":%b,"_nsq_timestamp":%d,'
+                                b'"_nsq_attempts":%d,"_nsq_body":%b}' % (
+                                    i, orjson.dumps(m.id.decode("ascii", "replace")),
+                                    m.timestamp, m.attempts, body)
+                                for i, (m, body) in enumerate(zip(kept, values, strict=True))])
+        else:  # each line its index's head, its body and a brace, joined at once
+            n = len(kept)
+            heads = self._line_heads
+            if len(heads) < n:
+                heads += [b'{"_nsq_i":%d,"_nsq_body":' % i for i in range(len(heads), n)]
+            parts: list[bytes] = [b"}\n"] * (3 * n)
+            parts[::3] = heads[:n]
+            parts[1::3] = values
+            blob = b"".join(parts)
+        self._batches += 1
+        prepared.where = self._staging.write(f"batch-{self._batches}.json", blob)
 
     def _decode(self, prepared: _Prepared) -> None:
         """Each message decoded, converted and checked as a row of the schema (a bad
@@ -883,7 +912,8 @@ class TopicReader:
             except (ValueError, TypeError, AttributeError, ArithmeticError) as e:
                 prepared.bad.append((m, f"does not fit the schema: {e}"))
                 continue
-            prepared.kept.append((m, row))
+            prepared.kept.append(m)
+            prepared.values.append(row)
 
     def _frame(self, prepared: _Prepared) -> Batch:
         """A prepared batch as the caller gets it, made when the batch before it is
@@ -896,8 +926,8 @@ class TopicReader:
         duplicates = 0
         framed = prepared.framed
         assert framed is not None
-        if seen:
-            dup = {i for i, (m, _) in enumerate(prepared.kept) if (m.source, m.id) in seen}
+        if seen and not seen.keys().isdisjoint([(m.source, m.id) for m in prepared.messages]):
+            dup = {i for i, m in enumerate(prepared.kept) if (m.source, m.id) in seen}
             kept_bad = [(m, e) for m, e in bad if (m.source, m.id) not in seen]
             duplicates = len(dup) + len(bad) - len(kept_bad)
             bad = kept_bad
@@ -911,7 +941,7 @@ class TopicReader:
                 prepared.framed = framed
         out = [BadMessage(m.id, m.body, error) for m, error in bad] + framed.bad
         return Batch(framed.df, framed.rows, out, prepared.messages, duplicates=duplicates,
-                     _on_commit=self._remember if self._dedupe_window else None,
+                     _on_settled=self._settled,
                      _framed=framed)
 
     def _spark_side(self, prepared: _Prepared, dup: set[int]) -> _Framed:
@@ -954,7 +984,7 @@ class TopicReader:
                 found = seen.get["refused"]
                 lines = str(found.mkString("\n")).split("\n") if found.size() else []
                 lines = [text for text in lines if _line_index(text) not in dup]
-                batch.bad.extend(self._refused(kept, lines))
+                batch.bad.extend(self._refused(prepared, lines))
                 batch.rows -= len(lines)
             return _Framed(df, len(kept) - len(dup), release, settle,
                            discard=functools.partial(_unobserve, self.spark, seen))
@@ -963,7 +993,7 @@ class TopicReader:
         refused = [text for text in (
             r["_nsq_corrupt"] for r in staged.where(F.col("_nsq_corrupt").isNotNull())
             .select("_nsq_corrupt", "_nsq_body").collect()) if _line_index(text) not in dup]
-        bad = self._refused(kept, refused)
+        bad = self._refused(prepared, refused)
         # the refused lines left out by index: a query of some columns parses only
         # those, so the corrupt column would not find them again
         indices = [_line_index(text) for text in refused] + sorted(dup)
@@ -987,12 +1017,13 @@ class TopicReader:
                 F.collect_list("_nsq_corrupt").alias("refused"))
         return self._read_plan
 
-    def _refused(self, kept: list[tuple[Message, bytes]], lines: list[str]) -> list[BadMessage]:
+    def _refused(self, prepared: _Prepared, lines: list[str]) -> list[BadMessage]:
         """The messages of the staged `lines` Spark's JSON reader refused, each with the
         reason the Python converter gives."""
         out = []
         for text in lines:
-            m, body = kept[_line_index(text)]
+            i = _line_index(text)
+            m, body = prepared.kept[i], prepared.values[i]
             out.append(BadMessage(m.id, m.body, f"does not fit the schema: {self._why(body)}"))
         return out
 
@@ -1012,7 +1043,7 @@ class TopicReader:
         schema = self.schema
         if schema is None:
             return None, 0
-        rows = [row for i, (_, row) in enumerate(prepared.kept) if i not in dup]
+        rows = [row for i, row in enumerate(prepared.values) if i not in dup]
         return self.spark.createDataFrame(rows, schema, verifySchema=False), len(rows)
 
 
@@ -1024,7 +1055,10 @@ class _Prepared:
 
     messages: list[Message]
     bad: list[tuple[Message, str]] = field(default_factory=list)
-    kept: list[tuple[Message, Any]] = field(default_factory=list)
+    kept: list[Message] = field(default_factory=list)
+    # each kept message's staged JSON body or row (two lists, not a tuple a message: a
+    # tuple holding a message is one more object the garbage collector scans)
+    values: list[Any] = field(default_factory=list)
     where: str | None = None
     framed: _Framed | None = None  # its DataFrame, before duplicates are known
 
@@ -1142,6 +1176,20 @@ def _json_line(body: bytes) -> bytes:
         # it is escaped): a space reads the same.
         body = body.replace(b"\n", b" ").replace(b"\r", b" ")
     return body
+
+
+def _whole_objects(bodies: list[bytes]) -> bool:
+    """Whether every body is one whole JSON object, as orjson reads it, with no line break
+    in it: then each is its own staged line as it is (what :func:`_json_line` would
+    make of it; any other body is judged by it alone)."""
+    try:  # (each value dropped once its type is known: 50,000 dicts kept alive at once
+        # would each be promoted by the garbage collector, and bring on a full collection)
+        if set(map(type, map(orjson.loads, bodies))) != {dict}:
+            return False
+    except orjson.JSONDecodeError:
+        return False
+    joined = b"".join(bodies)
+    return b"\n" not in joined and b"\r" not in joined
 
 
 def _spark_reads_json(dtype: Any) -> bool:

@@ -27,6 +27,7 @@ from transport.spark import (
     PublishCounters,
     TopicReader,
     _Prefetch,
+    _whole_objects,
     drain_to_parquet,
     to_json,
 )
@@ -260,6 +261,41 @@ def test_bodies_not_one_whole_json_object_are_bad_and_line_breaks_are_fine(
     assert reasons[bad[0]].startswith("cannot decode")
     assert reasons[bad[1]] == "cannot decode: expected an object, got NoneType"
     assert reasons[bad[4]].startswith("does not fit the schema")
+
+
+@pytest.mark.parametrize(("bodies", "whole"), [
+    ([b'{"a": 1}', b'{"b": [1, {"c": null}]}', b" {} "], True),
+    ([b'{"a": 1}', b'{"a": 1} {"b": 2}'], False),  # a whole object, then another
+    ([b'{"a": 1}', b"[1]"], False),
+    ([b'{"a": 1}', b'{"a": NaN}'], False),  # JSON's reader takes it; judged alone
+    ([b'{"a": 1}', b'{"a":\n1}'], False),  # a line break: the line is made again
+    ([b'{"a": 1}', b'{"a":\r1}'], False),
+    ([b'{"a": "x', b'y"}'], False),
+], ids=["objects", "two in one", "an array", "NaN", "LF", "CR", "split"])
+def test_a_batch_of_whole_json_objects_is_staged_as_it_is(bodies, whole):
+    assert _whole_objects(bodies) is whole
+
+
+def test_a_batch_committed_or_requeued_is_no_longer_held(spark):
+    # Given a reader holding two batches' deliveries
+    reader = TopicReader(spark, "t", "c", "tcp://127.0.0.1:1", schema=SCHEMA,
+                         dedupe_window=10)
+    session = SimpleNamespace(fins=deque(), outbox=deque(), thread=None, endpoint="tcp://b")
+    messages = [Message(b"%016d" % i, json.dumps({"id": i, "name": "x"}).encode(), 0, 1,
+                        session) for i in range(4)]
+    for m in messages:
+        reader._delivered(m)
+    assert len(reader._held) == 4
+    # When one batch is committed and the other requeued
+    first, second = build(reader, messages[:2]), build(reader, messages[2:])
+    first.commit()
+    second.requeue()
+    # Then the reader holds neither (the keeper would have touched them, and every
+    # message it holds is one more object for each full garbage collection), and
+    # remembers only the committed one's ids
+    assert reader._held == {}
+    assert list(reader._seen) == [("tcp://b", b"%016d" % i) for i in range(2)]
+    assert (len(session.fins), len(session.outbox)) == (2, 2)
 
 
 def test_a_cluster_found_through_a_lookup_daemon_takes_and_gives_back_every_row(
