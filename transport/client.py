@@ -134,6 +134,7 @@ class _Broker:
     sock: zmq.Socket[Any] | None = None
     down_until: float = 0.0
     failures: int = 0
+    packed: bool = False  # its IDENTIFY reply said packed_messages: MPUBs go as PMPUB
 
 
 class Producer:
@@ -239,14 +240,20 @@ class Producer:
         waiting: dict[bytes, Any] = {}
         if broker.sock is None:
             broker.sock = _socket(self._ctx, broker.endpoint, self._curve)
-            if self._auth_secret is not None:  # a new session: AUTH first (answered first)
+            # A new session: IDENTIFY (is PMPUB spoken? the requests sent before its
+            # answer go as MPUB), then AUTH, each answered before what follows
+            broker.packed = False
+            waiting[b"#identify"] = None
+            send_frames(broker.sock, encode_request(pc.Identify({"packed_messages": True}),
+                                                    b"#identify"))
+            if self._auth_secret is not None:
                 waiting[b"#auth"] = None
                 send_frames(broker.sock, encode_request(pc.Auth(self._auth_secret), b"#auth"))
-        sock = broker.sock
+        sock, packed = broker.sock, broker.packed
         for command in commands:
             corr = b"#%d" % next(self._corr)
             waiting[corr] = command
-            send_frames(sock, encode_request(command, corr))
+            send_frames(sock, encode_request(command, corr, packed=packed))
         deadline = time.monotonic() + self.timeout
         refused: BrokerRefused | None = None
         while waiting:
@@ -260,6 +267,8 @@ class Producer:
             command = waiting.pop(corr)
             if command is not None:
                 commands.remove(command)
+            elif corr == b"#identify" and isinstance(reply, Ok):
+                broker.packed = _packed(reply)
             if isinstance(reply, ErrorReply):
                 refused = refused or BrokerRefused(reply.error.code, reply.error.text)
                 if reply.error.fatal and self._auth_secret is not None:
@@ -312,6 +321,18 @@ class Producer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _packed(identified: Ok) -> bool:
+    """Whether a broker's IDENTIFY reply says it speaks the packed forms (deliveries in a
+    MESSAGES frame, FIN ids in one frame, PMPUB): an older broker leaves it out."""
+    if not identified.payload:
+        return False
+    try:
+        answer = msgpack.unpackb(identified.payload)
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return False
+    return isinstance(answer, dict) and answer.get("packed_messages") is True
 
 
 @dataclass(slots=True)
@@ -471,10 +492,8 @@ class _Session:
                 if closing and reply.corr == b"#cls":
                     self.leave()  # keep the socket open until every session has CLSed
                     return
-                if reply.corr == b"#identify" and reply.payload:
-                    with contextlib.suppress(ValueError, TypeError, msgpack.UnpackException):
-                        self.packed = msgpack.unpackb(reply.payload).get(
-                            "packed_messages") is True
+                if reply.corr == b"#identify":
+                    self.packed = _packed(reply)
                 if reply.corr == b"#sub" and not self.up:
                     self.up = True
                     c._share_rdy()

@@ -13,6 +13,7 @@ import zmq
 from actors.broker import Broker
 from tests.broker.conftest import broker_options
 from tests.broker.test_broker_actors import wait_for
+from transport import client as client_module
 from transport.client import BrokerRefused, Consumer, Message, Producer, PublishError
 from transport.protocol import commands as pc
 from transport.zmq.codec import Messages, PackedMessages, encode_request, parse_reply
@@ -176,6 +177,30 @@ def test_a_session_that_asks_gets_its_messages_packed_and_fins_them_in_one_frame
         packed.close(linger=0)
         plain.close(linger=0)
         ctx.term()
+
+
+def test_a_producer_publishes_packed_once_the_broker_says_it_can(broker, monkeypatch):
+    sent: list[bytes] = []
+    send_frames = client_module.send_frames
+
+    def recording(sock, frames):
+        sent.append(next(f for f in frames if not f.startswith(b"#")))
+        send_frames(sock, frames)
+    monkeypatch.setattr(client_module, "send_frames", recording)
+    got = Collector()
+    with Consumer("pm", "c", got, broker.zmq_endpoint) as _, \
+            Producer(broker.zmq_endpoint) as p:
+        wait_for(lambda: broker.topic_stats("pm")["channels"], what="channel")
+        # the first requests go before the broker's IDENTIFY answer: as MPUB
+        p.publish_batch("pm", [b"a%d" % i for i in range(300)], batch_size=100)
+        assert p._brokers[0].packed
+        p.publish_batch("pm", [b"b%d" % i for i in range(300)], batch_size=100)
+        p.multi_publish("pm", [b"t1", b"t2"], tag="red")
+        wait_for(lambda: len(got.bodies) == 602, what="every message")
+    assert sorted(got.bodies) == sorted([*(b"a%d" % i for i in range(300)),
+                                         *(b"b%d" % i for i in range(300)), b"t1", b"t2"])
+    published = [name for name in sent if name.endswith(b"PUB")]
+    assert published == [b"MPUB"] * 3 + [b"PMPUB"] * 3 + [b"TPMPUB"]
 
 
 def test_a_producer_skips_a_dead_broker_and_fails_loudly_when_all_are_dead(broker):

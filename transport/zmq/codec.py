@@ -18,7 +18,7 @@ into a :class:`Request` ``(corr, command)``::
 * **Arguments** are one frame each: names and ids as ASCII, numbers as ASCII
   decimal, bodies as raw bytes, IDENTIFY's map as msgpack.  FIN takes any
   number of ids (a frame may hold several, one after the other), MPUB any
-  number of bodies.
+  number of bodies (PMPUB: all of them in one frame, as NSQ V2's MPUB body).
 
 Validation is :mod:`transport.protocol.validation`'s, shared with NSQ V2, so a
 request gets the same code, sentence and fatality on either protocol.  When
@@ -90,6 +90,7 @@ from transport.protocol.validation import (
     parse_decimal,
     parse_from,
     parse_msg_id,
+    split_mpub_body,
 )
 
 __all__ = [
@@ -110,6 +111,7 @@ __all__ = [
     "encode_packed_messages",
     "encode_request",
     "identify_reply",
+    "pack_bodies",
     "parse_reply",
     "parse_request",
     "unpack_messages",
@@ -214,6 +216,27 @@ def _mpub(args: Sequence[bytes], limits: Limits, _server: ServerInfo, tag: str =
     return Mpub(topic, bodies, tag)
 
 
+def _pmpub(args: Sequence[bytes], limits: Limits, _server: ServerInfo, tag: str = "",
+           name: str = "PMPUB") -> Command:
+    """MPUB with its bodies packed in one frame as NSQ V2's MPUB body (one frame to send
+    and receive, not one a message), checked as nsqd checks that body."""
+    _arity(args, name, 2)
+    topic = check_topic(args[0], name)
+    check_body_size(len(args[1]), name, limits)
+    return Mpub(topic, split_mpub_body(args[1], limits), tag)
+
+
+def pack_bodies(bodies: Sequence[bytes]) -> bytes:
+    """NSQ V2's MPUB body, PMPUB's last frame: the count, then each body after its size
+    (4-byte big-endian integers)."""
+    size = _SIZE.pack
+    parts: list[bytes] = [b""] * (2 * len(bodies) + 1)
+    parts[0] = size(len(bodies))
+    parts[1::2] = [size(len(b)) for b in bodies]
+    parts[2::2] = bodies
+    return b"".join(parts)
+
+
 def _dpub(args: Sequence[bytes], limits: Limits, _server: ServerInfo, tag: str = "",
           name: str = "DPUB") -> Command:
     _arity(args, name, 3)
@@ -292,6 +315,8 @@ _HANDLERS: dict[bytes, Callable[[Sequence[bytes], Limits, ServerInfo], Command]]
     b"TPUB": _tagged("TPUB", _pub, 3),
     b"TMPUB": _tagged("TMPUB", _mpub, 3, at_least=True),
     b"TDPUB": _tagged("TDPUB", _dpub, 4),
+    b"PMPUB": _pmpub,
+    b"TPMPUB": _tagged("TPMPUB", _pmpub, 3),
     b"FIN": _fin,
     b"RDY": _rdy,
     b"REQ": _req,
@@ -392,8 +417,10 @@ def encode_heartbeat() -> list[bytes]:
 # Client side: Command -> frames, frames -> Reply
 
 
-def encode_request(command: Command, corr: bytes | None = None) -> list[bytes]:
-    """The frames of a request; ``corr`` must start with ``#`` if given."""
+def encode_request(command: Command, corr: bytes | None = None, *,
+                   packed: bool = False) -> list[bytes]:
+    """The frames of a request; ``corr`` must start with ``#`` if given.  With `packed`
+    (a broker whose IDENTIFY reply says ``packed_messages``), MPUB goes as PMPUB."""
     if corr is not None and (corr[:1] != CORR_MARKER or len(corr) > MAX_CORR_SIZE):
         msg = f"a correlation frame is b'#' plus up to {MAX_CORR_SIZE - 1} bytes, got {corr!r}"
         raise ValueError(msg)
@@ -403,6 +430,10 @@ def encode_request(command: Command, corr: bytes | None = None) -> list[bytes]:
             frames += [b"PUB", topic.encode(), body]
         case Pub(topic, body, tag):
             frames += [b"TPUB", topic.encode(), tag.encode(), body]
+        case Mpub(topic, bodies, "") if packed:
+            frames += [b"PMPUB", topic.encode(), pack_bodies(bodies)]
+        case Mpub(topic, bodies, tag) if packed:
+            frames += [b"TPMPUB", topic.encode(), tag.encode(), pack_bodies(bodies)]
         case Mpub(topic, bodies, ""):
             frames += [b"MPUB", topic.encode(), *bodies]
         case Mpub(topic, bodies, tag):

@@ -40,6 +40,7 @@ from transport.zmq.codec import (
     encode_ok,
     encode_packed_messages,
     encode_request,
+    pack_bodies,
     parse_reply,
     parse_request,
 )
@@ -278,6 +279,41 @@ def test_identify_without_keys_gets_the_defaults() -> None:
     assert isinstance(event, Identify)
     assert event.settings.heartbeat_interval == SMALL.client_timeout // 2
     assert event.settings.msg_timeout == SMALL.msg_timeout
+
+
+@pytest.mark.parametrize("command", [Mpub("orders", (b"a", b"bc", b"d" * 100)),
+                                     Mpub("orders", (b"a",), "eu-west:1.a_b")], ids=repr)
+def test_a_packed_mpub_is_the_mpub_with_its_bodies_in_one_frame(command: Mpub) -> None:
+    frames = encode_request(command, b"#4", packed=True)
+    name = b"TPMPUB" if command.tag else b"PMPUB"
+    assert frames == [b"#4", name, b"orders", *([command.tag.encode()] if command.tag else []),
+                      pack_bodies(command.bodies)]
+    assert frames[-1][:4] == struct.pack(">I", len(command.bodies))
+    assert parse(frames) == Request(b"#4", command)
+    # (only MPUB has a packed form)
+    assert encode_request(Pub("orders", b"x"), packed=True) == encode_request(Pub("orders", b"x"))
+
+
+@pytest.mark.parametrize(("frames", "code", "text"), [
+    ([b"PMPUB", b"orders"], "E_INVALID", "PMPUB insufficient number of parameters"),
+    ([b"PMPUB", b"orders", pack_bodies([b"a"]), b"x"], "E_INVALID",
+     "PMPUB too many parameters"),
+    ([b"PMPUB", b"bad topic!", pack_bodies([b"a"])], "E_BAD_TOPIC", None),
+    ([b"PMPUB", b"orders", b"\x00\x00\x00\x02" + struct.pack(">I", 1) + b"a"], "E_BAD_BODY",
+     None),
+    ([b"PMPUB", b"orders", pack_bodies([b""])], "E_BAD_MESSAGE", None),
+    ([b"PMPUB", b"orders", pack_bodies([b"x" * 101])], "E_BAD_MESSAGE", None),
+    ([b"PMPUB", b"orders", b"x" * 1001], "E_BAD_BODY", None),
+    ([b"TPMPUB", b"orders", b"no spaces", pack_bodies([b"a"])], "E_INVALID",
+     'TPMPUB bad tag "no spaces" (1-64 of a-z A-Z 0-9 . _ - :)'),
+], ids=["no body", "a frame too many", "bad topic", "short", "empty message", "message too big",
+        "body too big", "bad tag"])
+def test_a_bad_packed_mpub_gets_the_mpub_error(frames: list[bytes], code: str,
+                                               text: str | None) -> None:
+    error = error_of(frames)
+    assert error.code == code, error
+    if text is not None:
+        assert error.text == text
 
 
 def test_fin_takes_many_ids_in_one_frame() -> None:
