@@ -20,10 +20,16 @@ that were not answered are sent again.  When every broker has failed
 ``max_attempts`` times (and ``retry_for`` seconds have passed, if set) the
 call raises ``PublishError`` -- a publish is never dropped silently.  A
 broker's refusal (``ERROR E_BAD_TOPIC ...``) is raised at once as
-``BrokerRefused`` with nsqd's code.
+``BrokerRefused`` with nsqd's code.  Each new session starts with IDENTIFY
+``packed_messages``; once a broker's answer says it can, MPUBs go as PMPUB
+(the bodies in one frame, up to its ``max_body_size``), and a PMPUB refused
+as an unknown command (an older broker now behind the endpoint) is sent
+again as MPUB on a new session.
 
 **Consumer.**  One thread per broker runs a session: IDENTIFY (heartbeat
-interval, message timeout), SUB, RDY, then a poll loop.  ``max_in_flight``
+interval, message timeout, ``packed_messages``), SUB, RDY, then a poll loop.
+A broker that packs sends each batch of deliveries as one MESSAGES frame and
+takes the FIN ids of a round in one frame.  ``max_in_flight``
 is spread across the brokers as RDY.  Each delivered message goes to the
 handler; a handler that returns normally FINs the message (FINs are batched
 per poll round), one that raises REQs it with a backoff that grows with its
@@ -135,6 +141,7 @@ class _Broker:
     down_until: float = 0.0
     failures: int = 0
     packed: bool = False  # its IDENTIFY reply said packed_messages: MPUBs go as PMPUB
+    max_body_size: int = 0  # (from the same reply) a larger PMPUB frame would be dropped
 
 
 class Producer:
@@ -253,9 +260,14 @@ class Producer:
         for command in commands:
             corr = b"#%d" % next(self._corr)
             waiting[corr] = command
-            send_frames(sock, encode_request(command, corr, packed=packed))
+            # (a PMPUB over the broker's --max-body-size goes as MPUB, which it refuses
+            # with E_BAD_BODY: ZeroMQ would drop the larger frame without a word)
+            send_frames(sock, encode_request(command, corr, packed=packed and isinstance(
+                command, pc.Mpub) and _packed_size(command.bodies) <= broker.max_body_size))
         deadline = time.monotonic() + self.timeout
         refused: BrokerRefused | None = None
+        fatal = False
+        unpacked: list[Any] = []  # PMPUBs a broker did not know after all
         while waiting:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not sock.poll(int(remaining * 1000) + 1):
@@ -268,13 +280,25 @@ class Producer:
             if command is not None:
                 commands.remove(command)
             elif corr == b"#identify" and isinstance(reply, Ok):
-                broker.packed = _packed(reply)
+                answer = _identified(reply)
+                broker.packed = answer.get("packed_messages") is True
+                broker.max_body_size = int(answer.get("max_body_size") or 0)
             if isinstance(reply, ErrorReply):
+                if packed and isinstance(command, pc.Mpub) and reply.error.code == "E_INVALID" \
+                        and reply.error.text.startswith("invalid command"):
+                    unpacked.append(command)  # (the endpoint now reaches an older broker)
+                    continue
                 refused = refused or BrokerRefused(reply.error.code, reply.error.text)
+                fatal = fatal or reply.error.fatal
                 if reply.error.fatal and self._auth_secret is not None:
                     # the broker ended the session: the next one must AUTH again
                     self._reset(broker)
                     raise refused
+        if fatal or unpacked:
+            self._reset(broker)  # the broker ended the session: the next one starts afresh
+        if unpacked:  # sent again as MPUB, on a session that IDENTIFYs again
+            commands += unpacked
+            self._roundtrip(broker, commands)
         if refused is not None:
             raise refused
 
@@ -309,6 +333,7 @@ class Producer:
                 if isinstance(reply, Ok) and reply.corr == b"#rewind":
                     total += int(msgpack.unpackb(reply.payload or b"\x80")["messages"])
                     break
+            self._reset(broker)  # (the next publish opens a session that IDENTIFYs)
         return total
 
     def close(self) -> None:
@@ -323,16 +348,22 @@ class Producer:
         self.close()
 
 
-def _packed(identified: Ok) -> bool:
-    """Whether a broker's IDENTIFY reply says it speaks the packed forms (deliveries in a
-    MESSAGES frame, FIN ids in one frame, PMPUB): an older broker leaves it out."""
-    if not identified.payload:
-        return False
+def _identified(reply: Ok) -> dict[str, Any]:
+    """A broker's IDENTIFY answer ({} if it has none).  ``packed_messages`` says it speaks
+    the packed forms (deliveries in a MESSAGES frame, FIN ids in one frame, PMPUB): an
+    older broker leaves it out."""
+    if not reply.payload:
+        return {}
     try:
-        answer = msgpack.unpackb(identified.payload)
+        answer = msgpack.unpackb(reply.payload)
     except (ValueError, TypeError, msgpack.UnpackException):
-        return False
-    return isinstance(answer, dict) and answer.get("packed_messages") is True
+        return {}
+    return answer if isinstance(answer, dict) else {}
+
+
+def _packed_size(bodies: Sequence[bytes]) -> int:
+    """The size of PMPUB's frame for `bodies` (NSQ V2's MPUB body)."""
+    return 4 + 4 * len(bodies) + sum(map(len, bodies))
 
 
 @dataclass(slots=True)
@@ -391,6 +422,7 @@ class _Session:
         # the broker packs deliveries in one frame, and takes many FIN ids in one (its
         # IDENTIFY reply said packed_messages: an older broker sends MESSAGE frames)
         self.packed = False
+        self.fins_per_frame = 500  # (packed: as many as the broker's max_body_size holds)
         self.stop = threading.Event()  # this session only (its broker left the lookups)
         self.thread = threading.Thread(target=self.run, name=f"consumer-{endpoint}", daemon=True)
 
@@ -493,7 +525,10 @@ class _Session:
                     self.leave()  # keep the socket open until every session has CLSed
                     return
                 if reply.corr == b"#identify":
-                    self.packed = _packed(reply)
+                    answer = _identified(reply)
+                    self.packed = answer.get("packed_messages") is True
+                    self.fins_per_frame = max(1, min(
+                        5000, int(answer.get("max_body_size") or 0) // pc.MSG_ID_LENGTH))
                 if reply.corr == b"#sub" and not self.up:
                     self.up = True
                     c._share_rdy()
@@ -517,10 +552,10 @@ class _Session:
         c.handled += 1
 
     def _flush(self) -> None:
-        """Send the queued FINs (500 ids a request; 5,000 in one frame to a broker that
-        packs) and the other queued commands."""
+        """Send the queued FINs (500 ids a request; up to 5,000 in one frame to a broker
+        that packs) and the other queued commands."""
         fins, outbox = self.fins, self.outbox
-        per_request = 5000 if self.packed else 500
+        per_request = self.fins_per_frame if self.packed else 500
         while fins:
             ids = []
             while fins and len(ids) < per_request:

@@ -754,10 +754,8 @@ class TopicReader:
         return self._prepare(self._gather())
 
     def _gather(self, first_timeout: float | None = -1.0) -> list[Message]:
-        """Up to batch_size distinct messages: wait idle_timeout (or `first_timeout`) for
-        the first, then batch_timeout for the rest."""
-        # keyed by (broker, id): ids are unique per broker only
-        got: dict[tuple[str | None, bytes], Message] = {}
+        """Up to batch_size messages (fewer if one came twice: see `_distinct`): wait
+        idle_timeout (or `first_timeout`) for the first, then batch_timeout for the rest."""
         if self._closing.is_set():
             return []
         try:
@@ -767,16 +765,16 @@ class TopicReader:
             return []
         if first is _WAKE:
             return []
-        got[(first.source, first.id)] = first
+        taken = [first]
         deadline = time.monotonic() + self.batch_timeout
         arrived, size = self._arrived, self.batch_size
-        while len(got) < size:
+        while len(taken) < size:
             try:  # what has arrived, without a timed wait each
-                while len(got) < size:
+                while len(taken) < size:
                     m = arrived.get_nowait()
                     if m is _WAKE:
-                        return list(got.values())
-                    got[(m.source, m.id)] = m  # a redelivery of one already here replaces it
+                        return self._distinct(taken)
+                    taken.append(m)
                 break
             except queue.Empty:
                 pass
@@ -789,7 +787,18 @@ class TopicReader:
                 break
             if m is _WAKE:
                 break
-            got[(m.source, m.id)] = m
+            taken.append(m)
+        return self._distinct(taken)
+
+    def _distinct(self, taken: list[Message]) -> list[Message]:
+        """`taken` but for the earlier copy of a message delivered again (keyed by
+        broker and id: ids are unique per broker only), which is no longer held."""
+        got = {(m.source, m.id): m for m in taken}  # (a later copy replaces an earlier)
+        if len(got) < len(taken):
+            last = set(map(id, got.values()))
+            for m in taken:
+                if id(m) not in last:
+                    self._held.pop(id(m), None)
         return list(got.values())
 
     def _settled(self, messages: list[Message], committed: bool) -> None:

@@ -298,6 +298,22 @@ def test_a_batch_committed_or_requeued_is_no_longer_held(spark):
     assert (len(session.fins), len(session.outbox)) == (2, 2)
 
 
+def test_an_earlier_copy_of_a_message_delivered_again_is_no_longer_held(spark):
+    # Given a message delivered, then delivered again (its timeout passed) before the
+    # reader gathered it
+    reader = TopicReader(spark, "t", "c", "tcp://127.0.0.1:1", schema=SCHEMA,
+                         batch_timeout=0.1)
+    session = SimpleNamespace(fins=deque(), outbox=deque(), thread=None, endpoint="tcp://b")
+    first, again, other = (Message(b"%016d" % i, b'{"id": 1, "name": "x"}', 0, attempts,
+                                   session) for i, attempts in ((1, 1), (1, 2), (2, 1)))
+    for m in (first, again, other):
+        reader._delivered(m)
+    # When a batch is gathered, Then it has the later copy, and the reader holds only
+    # what it gathered (the keeper would TOUCH the earlier copy for ever)
+    assert reader._gather(1.0) == [again, other]
+    assert sorted(map(id, reader._held.values())) == sorted(map(id, (again, other)))
+
+
 def test_a_cluster_found_through_a_lookup_daemon_takes_and_gives_back_every_row(
         spark, tmp_path):
     from actors.lookupd import Lookupd, LookupdOptions

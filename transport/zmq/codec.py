@@ -222,7 +222,7 @@ def _pmpub(args: Sequence[bytes], limits: Limits, _server: ServerInfo, tag: str 
     and receive, not one a message), checked as nsqd checks that body."""
     _arity(args, name, 2)
     topic = check_topic(args[0], name)
-    check_body_size(len(args[1]), name, limits)
+    check_body_size(len(args[1]), "MPUB", limits)  # (the body's errors are MPUB's, as nsqd's)
     return Mpub(topic, split_mpub_body(args[1], limits), tag)
 
 
@@ -278,13 +278,18 @@ def _rdy(args: Sequence[bytes], limits: Limits, _server: ServerInfo) -> Command:
 
 def _fin(args: Sequence[bytes], _limits: Limits, _server: ServerInfo) -> Command:
     _arity(args, "FIN", 1, at_least=True)
-    if len(args) == 1 and len(args[0]) > MSG_ID_LENGTH:  # many ids in one frame
-        ids = args[0]
-        if len(ids) % MSG_ID_LENGTH:
-            raise invalid(f"FIN {len(ids)} bytes of message ids is not a multiple of "
+    if all(len(a) == MSG_ID_LENGTH for a in args):
+        return Fin(tuple(args))
+    ids: list[bytes] = []
+    for frame in args:  # a frame may hold several ids, one after the other
+        if len(frame) <= MSG_ID_LENGTH:
+            ids.append(parse_msg_id(frame, "FIN"))  # (nsqd's words for a short one)
+        elif len(frame) % MSG_ID_LENGTH:
+            raise invalid(f"FIN {len(frame)} bytes of message ids is not a multiple of "
                           f"{MSG_ID_LENGTH}")
-        return Fin(tuple(ids[i:i + MSG_ID_LENGTH] for i in range(0, len(ids), MSG_ID_LENGTH)))
-    return Fin(tuple(parse_msg_id(a, "FIN") for a in args))
+        else:
+            ids += [frame[i:i + MSG_ID_LENGTH] for i in range(0, len(frame), MSG_ID_LENGTH)]
+    return Fin(tuple(ids))
 
 
 def _req(args: Sequence[bytes], limits: Limits, _server: ServerInfo) -> Command:

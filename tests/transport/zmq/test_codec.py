@@ -320,6 +320,12 @@ def test_fin_takes_many_ids_in_one_frame() -> None:
     other = b"fedcba9876543210"
     assert parse([b"FIN", MSG_ID + other + MSG_ID]).command == Fin((MSG_ID, other, MSG_ID))
     assert parse([b"FIN", MSG_ID]).command == Fin((MSG_ID,))
+    assert parse([b"FIN", other, MSG_ID + other]).command == Fin((other, MSG_ID, other))
+
+
+def test_a_fin_frame_shorter_than_an_id_gets_nsqds_invalid_message_id() -> None:
+    error = error_of([b"FIN", MSG_ID * 2, b"0a1b"])
+    assert (error.code, error.text) == ("E_INVALID", 'FIN Invalid Message ID "0a1b"')
 
 
 @pytest.mark.parametrize("frame", [MSG_ID + b"x", MSG_ID * 2 + b"0123456789"])
