@@ -23,15 +23,10 @@ from actors.runtime.placement import Placement
 from storage.dirlock import DirLock, DirLockedError
 from tests.broker.conftest import broker_options
 from tests.broker.test_broker_actors import wait_for
+from tests.ports import free_port
 from transport.client import Producer
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class BrokerProcess:

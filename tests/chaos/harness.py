@@ -13,6 +13,7 @@ printed seed; the timing of the operating system still varies.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import random
@@ -27,18 +28,13 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.ports import free_port
 from transport.client import Consumer, Message, Producer
 from transport.nsq.client_codec import ClientConnection
 from transport.protocol import commands as pc
 
 TOPIC = "chaos"
 CHANNEL = "check"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class BrokerProcess:
@@ -80,8 +76,8 @@ class BrokerProcess:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.http}/ping",
                                         timeout=2) as r:
                 return r.status == 200
-        except (OSError, urllib.error.URLError):
-            return False
+        except (OSError, urllib.error.URLError, http.client.HTTPException):
+            return False  # (not up yet; or someone else's server: the broker's bind fails)
 
     def stats(self, topic: str = TOPIC) -> dict:
         with urllib.request.urlopen(

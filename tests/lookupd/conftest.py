@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from actors.lookupd import Lookupd, LookupdOptions
+from tests.ports import free_port
 from tests.runtime.conftest import wait_until  # noqa: F401 - the lookupd tests take it from here
 from transport.nsq.lookup_codec import NEED_DATA, Answer, LookupClientConnection
 
@@ -44,12 +45,6 @@ def nsqjs_node() -> str:
     if not (NSQJS / "node_modules" / "nsqjs").is_dir():
         pytest.skip("nsqjs is not installed: run tests/deps.sh (needs npm)")
     return node
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Http:

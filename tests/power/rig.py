@@ -37,6 +37,7 @@ from typing import IO, Any
 
 import psutil
 
+from tests.ports import free_port
 from transport.nsq.client_codec import ClientConnection, Message, Response
 from transport.nsq.codec import CLOSED, NEED_DATA
 from transport.protocol import commands as pc
@@ -52,12 +53,6 @@ def fuse_problem() -> str | None:
     if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
         return "FUSE is not available (/dev/fuse, fusermount3 from Debian's fuse3)"
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class MountError(RuntimeError):
