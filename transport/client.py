@@ -25,6 +25,9 @@ broker's refusal (``ERROR E_BAD_TOPIC ...``) is raised at once as
 (the bodies in one frame, up to its ``max_body_size``), and a PMPUB refused
 as an unknown command (an older broker now behind the endpoint) is sent
 again as MPUB on a new session.
+A broker drops a session silent for two heartbeat intervals, and a producer
+never answers HEARTBEATs: a socket idle for 1.5 intervals (the IDENTIFY
+answer's) is replaced, so the next request starts a session that AUTHs again.
 
 **Consumer.**  One thread per broker runs a session: IDENTIFY (heartbeat
 interval, message timeout, ``packed_messages``), SUB, RDY, then a poll loop.
@@ -142,6 +145,10 @@ class _Broker:
     failures: int = 0
     packed: bool = False  # its IDENTIFY reply said packed_messages: MPUBs go as PMPUB
     max_body_size: int = 0  # (from the same reply) a larger PMPUB frame would be dropped
+    # The broker drops a session silent for two heartbeat intervals (a producer never
+    # answers its HEARTBEATs): one idle for 1.5 (from the same reply) is not used again
+    idle_after: float = 0.0
+    last_sent: float = 0.0
 
 
 class Producer:
@@ -245,6 +252,11 @@ class Producer:
         the caller retries only what no broker acknowledged.
         """
         waiting: dict[bytes, Any] = {}
+        if broker.sock is not None and broker.idle_after \
+                and time.monotonic() - broker.last_sent > broker.idle_after:
+            # its session is gone, or about to be: with AUTH, a request on the next one
+            # would be refused (E_AUTH_FIRST); a new socket IDENTIFYs and AUTHs again
+            self._reset(broker)
         if broker.sock is None:
             broker.sock = _socket(self._ctx, broker.endpoint, self._curve)
             # A new session: IDENTIFY (is PMPUB spoken? the requests sent before its
@@ -264,6 +276,7 @@ class Producer:
             # with E_BAD_BODY: ZeroMQ would drop the larger frame without a word)
             send_frames(sock, encode_request(command, corr, packed=packed and isinstance(
                 command, pc.Mpub) and _packed_size(command.bodies) <= broker.max_body_size))
+        broker.last_sent = time.monotonic()
         deadline = time.monotonic() + self.timeout
         refused: BrokerRefused | None = None
         fatal = False
@@ -283,6 +296,7 @@ class Producer:
                 answer = _identified(reply)
                 broker.packed = answer.get("packed_messages") is True
                 broker.max_body_size = int(answer.get("max_body_size") or 0)
+                broker.idle_after = 1.5 * int(answer.get("heartbeat_interval") or 0) / 1000
             if isinstance(reply, ErrorReply):
                 if packed and isinstance(command, pc.Mpub) and reply.error.code == "E_INVALID" \
                         and reply.error.text.startswith("invalid command"):

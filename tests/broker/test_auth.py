@@ -16,6 +16,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
+from tests.broker.test_broker_actors import wait_for
 from tests.broker.tls_kit import Client, pynsq_roundtrip
 from transport.client import BrokerRefused, Consumer, Producer
 from transport.nsq.client_codec import ErrorFrame, Response
@@ -250,6 +251,31 @@ def test_zeromq_clients_authenticate_with_the_same_servers_and_rules(start, auth
     finally:
         c.close()
     assert sorted(got) == [b"four", b"one", b"three", b"two"]
+
+
+def _stats(t: Any) -> dict[str, Any]:
+    conn = http.client.HTTPConnection("127.0.0.1", t.http_port, timeout=10)
+    try:
+        conn.request("GET", "/stats?format=json&include_clients=true")
+        return json.loads(conn.getresponse().read())
+    finally:
+        conn.close()
+
+
+def test_a_producer_idle_past_its_sessions_end_authenticates_again(start, authd):
+    # Given a broker that drops a session silent for two heartbeat intervals (2 s), and a
+    # producer with a secret (a producer never answers HEARTBEATs)
+    authd.grant("zmq", WRITER)
+    t = start("ours", "false", extra=(f"--auth-http-address={authd.address}",
+                                      "--client-timeout=2s"))
+    with Producer(t.zmq, timeout=5, max_attempts=1, auth_secret="zmq") as p:
+        p.publish("orders", b"one")
+        # When its session is gone (no producer left in the stats)
+        wait_for(lambda: _stats(t)["producers"] is None, timeout=20,
+                 what="the idle session dropped")
+        # Then its next publish goes on a new session, authenticated first (it was
+        # refused with E_AUTH_FIRST)
+        p.publish("orders", b"two")
 
 
 def test_the_real_pynsq_authenticates_with_its_auth_secret(start, authd):

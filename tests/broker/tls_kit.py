@@ -169,7 +169,8 @@ def starter(pki: Pki, tmp_path, stops: list) -> Callable[..., Target]:
                 tls_required=o.tls_required, tls_client_auth_policy=o.tls_client_auth_policy,
                 deflate=o.deflate, snappy=o.snappy, max_deflate_level=o.max_deflate_level,
                 auth_http_address=o.auth_http_address,
-                auth_http_request_method=o.auth_http_request_method)).start()
+                auth_http_request_method=o.auth_http_request_method,
+                client_timeout=o.client_timeout)).start()
             stops.append(b.stop)
             return Target("ours", b.tcp_address, b.http_port, b.https_port, b.zmq_endpoint)
         tcp, http_port, https_port = free_port(), free_port(), free_port()
