@@ -87,6 +87,7 @@ from transport.zmq.codec import (
     Ok,
     PackedMessages,
     encode_request,
+    mpub_body_size,
     parse_reply,
 )
 from transport.zmq.frames import recv_frames, send_frames
@@ -275,7 +276,7 @@ class Producer:
             # (a PMPUB over the broker's --max-body-size goes as MPUB, which it refuses
             # with E_BAD_BODY: ZeroMQ would drop the larger frame without a word)
             send_frames(sock, encode_request(command, corr, packed=packed and isinstance(
-                command, pc.Mpub) and _packed_size(command.bodies) <= broker.max_body_size))
+                command, pc.Mpub) and mpub_body_size(command.bodies) <= broker.max_body_size))
         broker.last_sent = time.monotonic()
         deadline = time.monotonic() + self.timeout
         refused: BrokerRefused | None = None
@@ -373,11 +374,6 @@ def _identified(reply: Ok) -> dict[str, Any]:
     except (ValueError, TypeError, msgpack.UnpackException):
         return {}
     return answer if isinstance(answer, dict) else {}
-
-
-def _packed_size(bodies: Sequence[bytes]) -> int:
-    """The size of PMPUB's frame for `bodies` (NSQ V2's MPUB body)."""
-    return 4 + 4 * len(bodies) + sum(map(len, bodies))
 
 
 @dataclass(slots=True)

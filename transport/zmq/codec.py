@@ -111,6 +111,7 @@ __all__ = [
     "encode_packed_messages",
     "encode_request",
     "identify_reply",
+    "mpub_body_size",
     "pack_bodies",
     "parse_reply",
     "parse_request",
@@ -123,6 +124,8 @@ CORR_MARKER = b"#"
 """First byte of a correlation frame."""
 MAX_CORR_SIZE = 256
 """Longest correlation frame, marker included."""
+_SIZE = struct.Struct(">I")
+_HEAD = struct.Struct(">qH")  # a message's timestamp and attempts (1.6)
 
 _DEFAULT_LIMITS = Limits()
 _DEFAULT_SERVER = ServerInfo()
@@ -209,8 +212,7 @@ def _mpub(args: Sequence[bytes], limits: Limits, _server: ServerInfo, tag: str =
     topic = check_topic(args[0], name)
     bodies = tuple(args[1:])
     check_mpub_count(len(bodies), limits)
-    # the size this batch's body would have on NSQ V2: count, then (size, body)*
-    check_body_size(4 + 4 * len(bodies) + sum(map(len, bodies)), name, limits)
+    check_body_size(mpub_body_size(bodies), name, limits)
     for i, body in enumerate(bodies):
         check_message_size(len(body), name, limits, i)
     return Mpub(topic, bodies, tag)
@@ -229,11 +231,22 @@ def _pmpub(args: Sequence[bytes], limits: Limits, _server: ServerInfo, tag: str 
 def pack_bodies(bodies: Sequence[bytes]) -> bytes:
     """NSQ V2's MPUB body, PMPUB's last frame: the count, then each body after its size
     (4-byte big-endian integers)."""
+    return _sized(bodies, _SIZE.pack(len(bodies)))
+
+
+def mpub_body_size(bodies: Sequence[bytes]) -> int:
+    """The size of `bodies` as NSQ V2's MPUB body (what ``--max-body-size`` limits: an
+    MPUB's frames, or a PMPUB's one)."""
+    return 4 + 4 * len(bodies) + sum(map(len, bodies))
+
+
+def _sized(items: Sequence[bytes], head: bytes = b"") -> bytes:
+    """`head`, then each item after its size (4 bytes, big-endian), in one join."""
     size = _SIZE.pack
-    parts: list[bytes] = [b""] * (2 * len(bodies) + 1)
-    parts[0] = size(len(bodies))
-    parts[1::2] = [size(len(b)) for b in bodies]
-    parts[2::2] = bodies
+    parts: list[bytes] = [b""] * (2 * len(items) + 1)
+    parts[0] = head
+    parts[1::2] = [size(len(m)) for m in items]
+    parts[2::2] = items
     return b"".join(parts)
 
 
@@ -395,19 +408,12 @@ def encode_messages(messages: Sequence[bytes]) -> list[bytes]:
     return [b"MESSAGE", *messages]
 
 
-_SIZE = struct.Struct(">I")
-_HEAD = struct.Struct(">qH")  # a message's timestamp and attempts (1.6)
-
 
 def encode_packed_messages(messages: Sequence[bytes]) -> list[bytes]:
     """``MESSAGES packed``: the same messages in one frame, each after its size (a
     session that asked for ``packed_messages``: one frame to send and receive, not one
     a message)."""
-    size = _SIZE.pack
-    parts: list[bytes] = [b""] * (2 * len(messages))
-    parts[::2] = [size(len(m)) for m in messages]
-    parts[1::2] = messages
-    return [b"MESSAGES", b"".join(parts)]
+    return [b"MESSAGES", _sized(messages)]
 
 
 _HEARTBEAT = [b"HEARTBEAT"]

@@ -173,12 +173,9 @@ class ZmqServer:
         one ``MESSAGES`` frame if it asked for ``packed_messages`` (docs/PROTOCOL.md 1.5)."""
         rid = self._by_name.get(session)
         s = None if rid is None else self._sessions.get(rid)
-        if s is None or s.name != session:  # (gone, or its routing id started afresh)
-            return
-        packed = s.settings is not None and s.settings.packed_messages
-        self._outq.append((rid, encode_packed_messages(messages) if packed
-                           else encode_messages(messages)))
-        self._wake()
+        packed = s is not None and s.settings is not None and s.settings.packed_messages
+        self.send(session, encode_packed_messages(messages) if packed
+                  else encode_messages(messages))
 
     def drop(self, session: str) -> None:
         """End a session from any thread (after a fatal error the broker found)."""
