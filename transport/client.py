@@ -86,6 +86,7 @@ from transport.zmq.codec import (
     Messages,
     Ok,
     PackedMessages,
+    SizedBodies,
     encode_request,
     mpub_body_size,
     parse_reply,
@@ -95,6 +96,24 @@ from transport.zmq.frames import recv_frames, send_frames
 log = logging.getLogger(__name__)
 
 MAX_BATCH_BYTES = 4 * 1024 * 1024  # an MPUB's body stays under nsqd's 5 MiB --max-body-size
+
+
+def split_batches(bodies: Sequence[bytes], batch_size: int,
+                  max_bytes: int = MAX_BATCH_BYTES) -> list[Sequence[bytes]]:
+    """`bodies` cut into MPUBs of at most `batch_size` whose NSQ-encoded body (4 bytes,
+    then 4 + size per message) stays within `max_bytes` (a body larger alone goes
+    alone, for the broker to refuse)."""
+    batches: list[Sequence[bytes]] = []
+    start, size = 0, 4
+    for i, body in enumerate(bodies):
+        grown = size + 4 + len(body)
+        if i > start and (i - start >= batch_size or grown > max_bytes):
+            batches.append(bodies[start:i])
+            start, grown = i, 8 + len(body)
+        size = grown
+    if start < len(bodies):
+        batches.append(bodies[start:])
+    return batches
 
 
 class ClientError(Exception):
@@ -197,16 +216,14 @@ class Producer:
         message) would pass `max_bytes`, so it stays under the broker's
         ``--max-body-size`` (5 MiB by default, as nsqd).
         """
-        commands = []
-        start, size = 0, 4
-        for i, body in enumerate(bodies):
-            grown = size + 4 + len(body)
-            if i > start and (i - start >= batch_size or grown > max_bytes):
-                commands.append(pc.Mpub(topic, tuple(bodies[start:i]), tag))
-                start, grown = i, 8 + len(body)
-            size = grown
-        if start < len(bodies):
-            commands.append(pc.Mpub(topic, tuple(bodies[start:]), tag))
+        self.publish_mpubs(topic, split_batches(bodies, batch_size, max_bytes), tag)
+
+    def publish_mpubs(self, topic: str, batches: Sequence[Sequence[bytes]],
+                      tag: str = "") -> None:
+        """Publish each of `batches` as one MPUB, pipelined: one wait for all.  A batch
+        may be a `SizedBodies` (bodies already in MPUB's form, sent as they are)."""
+        commands = [pc.Mpub(topic, b if isinstance(b, SizedBodies) else tuple(b), tag)
+                    for b in batches if len(b)]
         if commands:
             self._call(commands)
 

@@ -57,11 +57,13 @@ import math
 import os
 import queue
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import zipimport
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,18 +71,30 @@ from typing import Any
 import msgpack
 import orjson
 from pyspark import RDD, InheritableThread, TaskContext
-from pyspark.serializers import UTF8Deserializer
+from pyspark.serializers import Serializer as SparkSerializer
+from pyspark.serializers import SpecialLengths, UTF8Deserializer
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 from pyspark.sql import types as t
 from pyspark.sql.types import _make_type_verifier
 
-from transport.client import Consumer, Message, Producer, PublishError, discover
+from transport.client import (
+    MAX_BATCH_BYTES,
+    Consumer,
+    Message,
+    Producer,
+    PublishError,
+    discover,
+    split_batches,
+)
 from transport.protocol.validation import TAG_RULE, ProtocolError, check_topic, valid_tag
+from transport.zmq.codec import SizedBodies
 
 log = logging.getLogger(__name__)
 
 Serializer = Callable[[Any], bytes]
+_SIZE = struct.Struct(">i")  # a row's size before it, as the JVM hands rows to Python
+_NO_ROWS = SizedBodies(0, b"")
 Deserializer = Callable[[bytes], Any]
 
 
@@ -156,7 +170,7 @@ def _serializer(spec: str | Serializer) -> Serializer:
     if callable(spec):
         return spec
     try:
-        return {"json": to_json, "msgpack": to_msgpack, "raw": raw, _TAGGED: raw}[spec]
+        return {"json": to_json, "msgpack": to_msgpack, "raw": raw, _TAGGED: raw, _SIZED: raw}[spec]
     except KeyError:
         raise ValueError(f"unknown serializer {spec!r} (json, msgpack, raw or a function)") \
             from None
@@ -260,9 +274,16 @@ class PartitionPublisher:
             raise ValueError("batch_size and batches_in_flight must be positive")
 
     def __call__(self, rows: Iterable[Any]) -> None:
-        serialise = _serializer(self.serializer)
-        lines = self.serializer == _TAGGED  # (from `publish` with a tag column)
-        chunk = self.batch_size * self.batches_in_flight
+        _zip_directories_reread_only_when_changed()
+        if self.serializer == _SIZED:  # (from `publish`: runs of JSON rows, see _SizedRows)
+            self._publish(lambda bad: self._sized_batches(rows, bad))
+        else:
+            self._publish(lambda bad: self._row_batches(rows, bad))
+
+    def _publish(self, batches: Callable[[list[bytes]], Iterator[list[Sequence[bytes]]]]
+                 ) -> None:
+        """Publish the MPUBs `batches` yields (a list at a time, pipelined), then the bad
+        rows it collected, and count them."""
         published = retried = 0
         bad: list[bytes] = []
         endpoints = list(self.endpoints)
@@ -273,29 +294,9 @@ class PartitionPublisher:
         with Producer(endpoints, timeout=self.timeout, max_attempts=1,
                       max_backoff=self.max_backoff, retry_for=self.retry_for,
                       **self.client_options) as producer:
-            # bodies by tag ('' for none: every one without a tag column), each tag's
-            # published as MPUBs with it (TMPUB)
-            by_tag: dict[str, list[bytes]] = {}
-            gathered = 0
-            for index, row in enumerate(rows):
-                try:
-                    tag, body = self._tagged_body(row, serialise, lines)
-                    if len(body) > self.max_message_size:
-                        raise ValueError(f"{len(body)} bytes is over the "
-                                         f"{self.max_message_size}-byte message limit")
-                except (TypeError, ValueError, OverflowError, KeyError) as e:
-                    bad.append(self._bad_row(index, row, e))
-                    continue
-                by_tag.setdefault(tag, []).append(body)
-                gathered += 1
-                if gathered >= chunk:
-                    for tag_, bodies in by_tag.items():
-                        producer.publish_batch(self.topic, bodies, self.batch_size, tag=tag_)
-                    published += gathered
-                    by_tag, gathered = {}, 0
-            for tag_, bodies in by_tag.items():
-                producer.publish_batch(self.topic, bodies, self.batch_size, tag=tag_)
-            published += gathered
+            for tag, mpubs in batches(bad):
+                producer.publish_mpubs(self.topic, mpubs, tag=tag)
+                published += sum(map(len, mpubs))
             if bad:
                 assert self.bad_rows_topic is not None
                 producer.publish_batch(self.bad_rows_topic, bad, self.batch_size)
@@ -304,6 +305,68 @@ class PartitionPublisher:
             self.counters.published.add(published)
             self.counters.retried.add(retried)
             self.counters.bad_rows.add(len(bad))
+
+    def _row_batches(self, rows: Iterable[Any], bad: list[bytes]
+                     ) -> Iterator[tuple[str, list[Sequence[bytes]]]]:
+        """Each row serialised, as MPUBs by tag ('' for none: every one without a tag
+        column), `batches_in_flight` MPUBs' worth of rows at a time."""
+        serialise = _serializer(self.serializer)
+        lines = self.serializer == _TAGGED  # (from `publish` with a tag column)
+        chunk = self.batch_size * self.batches_in_flight
+        by_tag: dict[str, list[bytes]] = {}
+        gathered = 0
+        for index, row in enumerate(rows):
+            try:
+                tag, body = self._tagged_body(row, serialise, lines)
+                if len(body) > self.max_message_size:
+                    raise self._too_large(len(body))
+            except (TypeError, ValueError, OverflowError, KeyError) as e:
+                bad.append(self._bad_row(index, row, e))
+                continue
+            by_tag.setdefault(tag, []).append(body)
+            gathered += 1
+            if gathered >= chunk:
+                for tag_, bodies in by_tag.items():
+                    yield tag_, split_batches(bodies, self.batch_size)
+                by_tag, gathered = {}, 0
+        for tag_, bodies in by_tag.items():
+            yield tag_, split_batches(bodies, self.batch_size)
+
+    def _sized_batches(self, runs: Iterable[SizedBodies | bytes], bad: list[bytes]
+                       ) -> Iterator[tuple[str, list[Sequence[bytes]]]]:
+        """`_SizedRows`' runs joined into MPUBs of `batch_size` rows (and at most
+        ``MAX_BATCH_BYTES``), `batches_in_flight` at a time."""
+        mpubs: list[Sequence[bytes]] = []
+        parts: list[SizedBodies] = []
+        count = size = index = 0
+        for run in runs:
+            if not isinstance(run, SizedBodies):  # a row over max_message_size, alone
+                bad.append(self._bad_row(index, run, self._too_large(len(run))))
+                index += 1
+                continue
+            index += run.count
+            rest = run
+            while rest.count:
+                if parts and (count == self.batch_size
+                              or size + len(rest.data) > MAX_BATCH_BYTES - 4):
+                    mpubs.append(SizedBodies.join(parts))
+                    parts, count, size = [], 0, 0
+                    if len(mpubs) >= self.batches_in_flight:
+                        yield "", mpubs
+                        mpubs = []
+                take = min(rest.count, self.batch_size - count)
+                head, rest = rest.cut(take) if take < rest.count else (rest, _NO_ROWS)
+                parts.append(head)
+                count += head.count
+                size += len(head.data)
+        if parts:
+            mpubs.append(SizedBodies.join(parts))
+        if mpubs:
+            yield "", mpubs
+
+    def _too_large(self, size: int) -> ValueError:
+        return ValueError(f"{size} bytes is over the {self.max_message_size}-byte "
+                          "message limit")
 
     def _tagged_body(self, row: Any, serialise: Serializer, lines: bool) -> tuple[str, bytes]:
         """`(tag, message body)` of a row; ValueError for a tag that is not one."""
@@ -348,10 +411,12 @@ class PartitionPublisher:
         if self.tag_column is not None and self.tag_column not in df.columns:
             raise ValueError(f"tag_column {self.tag_column!r} is not a column of the "
                              f"DataFrame ({', '.join(df.columns)})")
-        if self.serializer == "json":
-            raw = _TAGGED if self.tag_column is not None else "raw"
+        if self.serializer == "json" and self.tag_column is not None:
             _json_lines(df, self.tag_column).foreachPartition(
-                dataclasses.replace(self, serializer=raw))
+                dataclasses.replace(self, serializer=_TAGGED))
+        elif self.serializer == "json":
+            _json_lines(df, rows=_SizedRows(self.max_message_size)).foreachPartition(
+                dataclasses.replace(self, serializer=_SIZED))
         else:
             df.foreachPartition(self)
 
@@ -402,6 +467,36 @@ class _EpochMarks:
             self._fs.delete(self._of(epoch - self.keep), False)
 
 
+def _zip_directories_reread_only_when_changed() -> None:
+    """In a Spark Python worker: make each later task's start ~75 ms shorter.
+
+    A Python worker calls ``importlib.invalidate_caches()`` as each task starts, and on
+    Python < 3.13 that makes every ``zipimporter`` read its archive's whole directory
+    again, in Python: the worker's path holds ``pyspark.zip``, py4j's zip and
+    spark-core's jar (thousands of entries), with one importer for each package
+    imported from them -- 75 ms a task, measured, about a core's tenth of a second for
+    every task of a 4-partition job (BENCHMARKS.md).  A reused worker then reads an
+    archive again only when its file changed (its mtime, size or inode), which is
+    what the reread is for.  The driver is left as it is."""
+    if TaskContext.get() is None or getattr(zipimport.zipimporter.invalidate_caches,
+                                            "_when_changed", False):
+        return
+    reread = zipimport.zipimporter.invalidate_caches
+
+    def invalidate_caches(self: zipimport.zipimporter) -> None:
+        try:
+            st = os.stat(self.archive)
+            seen: Any = (st.st_mtime_ns, st.st_size, st.st_ino)
+        except OSError:
+            seen = None
+        if seen is None or self.__dict__.get("_seen") != seen:
+            reread(self)
+            self.__dict__["_seen"] = seen
+
+    invalidate_caches._when_changed = True  # type: ignore[attr-defined]
+    zipimport.zipimporter.invalidate_caches = invalidate_caches  # type: ignore[method-assign]
+
+
 _WORKERS_CHECKED: set[str] = set()
 
 
@@ -437,9 +532,62 @@ _TAGGED = "_tagged_lines"
 a NUL, then the row's JSON."""
 
 
-def _json_lines(df: Any, tag_column: str | None = None) -> Any:
+_SIZED = "_sized_runs"
+"""The serializer `publish` hands its tasks without a tag column: they are given runs of
+rows as :class:`_SizedRows` reads them."""
+
+
+class _SizedRows(SparkSerializer):
+    """What the JVM sends a Python worker for an RDD of strings, as runs of rows.
+
+    The JVM writes each row as its UTF-8 bytes after their size (4-byte big-endian),
+    then ``END_OF_DATA_SECTION`` (-1): NSQ's MPUB body is that same form.  So rather
+    than a ``bytes`` a row, this yields `SizedBodies` of the whole rows the worker's
+    read buffer holds (walking their sizes, one ``read`` for them all), and a row
+    over `max_size` alone as ``bytes``; `PartitionPublisher` sends the runs joined as
+    PMPUBs, with no object made a row (2.7x the rows a second of a worker's own
+    deserialiser at 2 million rows: BENCHMARKS.md)."""
+
+    def __init__(self, max_size: int) -> None:
+        self.max_size = max_size
+
+    def load_stream(self, stream: Any) -> Iterator[SizedBodies | bytes]:
+        size = _SIZE.unpack_from
+        peek = getattr(stream, "peek", None)
+        limit = self.max_size
+        while True:
+            if peek is not None:
+                buf = peek(1)  # what the buffer holds (a read of the socket if nothing)
+                end, pos, count = len(buf), 0, 0
+                while pos + 4 <= end:
+                    (n,) = size(buf, pos)
+                    if n < 0 or n > limit or pos + 4 + n > end:
+                        break
+                    pos += 4 + n
+                    count += 1
+                if count:
+                    yield SizedBodies(count, stream.read(pos))
+                    continue
+            head = stream.read(4)
+            if len(head) < 4:
+                raise EOFError("the rows' stream ended without END_OF_DATA_SECTION")
+            (n,) = size(head)
+            if n == SpecialLengths.END_OF_DATA_SECTION:
+                return
+            if n < 0:
+                raise ValueError(f"special length {n} in a stream of rows of text")
+            row = stream.read(n)
+            if len(row) < n:
+                raise EOFError("the rows' stream ended inside a row")
+            yield row if n > limit else SizedBodies(1, head + row)
+
+
+def _json_lines(df: Any, tag_column: str | None = None,
+                rows: SparkSerializer | None = None
+                ) -> Any:
     """An RDD of each row of `df` as JSON bytes, written by the JVM (as ``df.toJSON``
-    does, with microseconds); with `tag_column`, each preceded by its tag and a NUL."""
+    does, with microseconds); with `tag_column`, each preceded by its tag and a NUL.
+    `rows` reads them in the Python workers (default: one ``bytes`` a row)."""
     columns = [F.col("`{}`".format(c.replace("`", "``"))) for c in df.columns]
     line = F.to_json(F.struct(*columns), _JSON_OPTIONS)
     if tag_column is not None:
@@ -450,7 +598,7 @@ def _json_lines(df: Any, tag_column: str | None = None) -> Any:
     jvm = df.sparkSession._jvm
     strings = getattr(lines._jdf, "as")(jvm.org.apache.spark.sql.Encoders.STRING())
     return RDD(strings.javaRDD(), df.sparkSession.sparkContext,
-               UTF8Deserializer(use_unicode=False))
+               rows or UTF8Deserializer(use_unicode=False))
 
 
 def _partition_id() -> int | None:

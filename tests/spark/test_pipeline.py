@@ -87,6 +87,31 @@ def gated_json(gate_id: int, blocked: str, resume: str, row: Any) -> bytes:
     return to_json(row)
 
 
+def test_publish_df_sends_rows_in_mpubs_as_the_jvm_hands_them_and_a_row_too_large_aside(
+        spark, broker, tmp_path):
+    n = 5000
+    df = rows_df(spark, n, partitions=3).withColumn(
+        "name", F.when(F.col("id") == 4242, F.lit("x" * 300)).otherwise(F.col("name")))
+    counters = PublishCounters.create(spark.sparkContext)
+    PartitionPublisher("sized", broker.zmq_endpoint, batch_size=333, max_message_size=200,
+                       bad_rows_topic="sized.bad", counters=counters).publish(df)
+    assert counters.values() == {"published": n - 1, "retried": 0, "bad_rows": 1}
+    result = drain_to_parquet(spark, "sized", "out", broker.zmq_endpoint,
+                              str(tmp_path / "out"), schema=SCHEMA, idle_timeout=3)
+    assert (result.rows, result.bad) == (n - 1, 0)
+    assert sorted(read_ids(spark, tmp_path / "out")) == [i for i in range(n) if i != 4242]
+    with TopicReader(spark, "sized.bad", "check", broker.zmq_endpoint,
+                     schema="error string, `row` string", idle_timeout=3,
+                     batch_timeout=1) as reader:
+        reports = []
+        for batch in reader.batches():
+            reports += batch.df.collect()
+            batch.commit()
+    assert len(reports) == 1
+    assert "over the 200-byte message limit" in reports[0].error
+    assert '"id":4242' in reports[0].row
+
+
 def test_broker_killed_mid_job_the_job_retries_and_every_row_arrives(spark, tmp_path):
     n = 100_000
     broker = start_broker(tmp_path)
@@ -911,3 +936,48 @@ def test_a_drain_from_a_time_rebuilds_a_table_from_the_topics_history(spark, bro
     # Then the table has every row published since
     assert (result.rewound, result.rows) == (50, 50)
     assert sorted(read_ids(spark, out)) == list(range(50))
+
+
+def _zip_rereads(zip_dir: str) -> Any:
+    """In a Spark task: after the publisher's first call, how many times a zip archive
+    on sys.path has its directory read by each ``importlib.invalidate_caches()``."""
+    import importlib
+    import zipfile
+    import zipimport
+
+    from transport.spark import _zip_directories_reread_only_when_changed
+
+    _zip_directories_reread_only_when_changed()
+    archive = os.path.join(zip_dir, "mods.zip")
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("zipped_mod_a.py", "X = 1\n")
+    sys.path.insert(0, archive)
+    reads = []
+    original = zipimport._read_directory
+
+    def counting(path: str) -> Any:
+        reads.append(path)
+        return original(path)
+
+    zipimport._read_directory = counting
+    try:
+        importlib.import_module("zipped_mod_a")
+        counts = []
+        for change in (False, False, True, False):
+            if change:  # the archive changes (a larger file): read again, once
+                with zipfile.ZipFile(archive, "a") as z:
+                    z.writestr("zipped_mod_b.py", "Y = 2\n")
+            reads.clear()
+            importlib.invalidate_caches()
+            counts.append(reads.count(archive))
+        importlib.import_module("zipped_mod_b")  # (what was read again is seen)
+    finally:
+        zipimport._read_directory = original
+        sys.path.remove(archive)
+    yield counts
+
+
+def test_a_python_worker_rereads_a_zip_on_its_path_only_when_it_changed(spark, tmp_path):
+    counts = spark.sparkContext.parallelize([0], 1).mapPartitions(
+        lambda _: _zip_rereads(str(tmp_path))).collect()
+    assert counts == [[1, 0, 1, 0]]

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import io
 import json
 import math
+import struct
 
 import msgpack
 import pytest
@@ -15,11 +17,18 @@ from transport.spark import (
     BadRowError,
     PartitionPublisher,
     _row_converter,
+    _SizedRows,
     to_json,
     to_msgpack,
 )
 
 pytestmark = pytest.mark.timeout(30)
+
+
+def jvm_stream(rows: list[bytes], after: bytes = b"") -> bytes:
+    """What the JVM writes a Python worker for an RDD of strings: each row after its size,
+    then END_OF_DATA_SECTION (-1), then whatever the worker protocol sends next."""
+    return b"".join(struct.pack(">i", len(r)) + r for r in rows) + struct.pack(">i", -1) + after
 
 
 def test_json_writes_rows_dates_and_decimals_as_plain_values():
@@ -109,3 +118,46 @@ def test_the_reader_turns_nan_binary_maps_and_exact_decimals_back_and_names_a_ba
     # a string that is no number names its field
     with pytest.raises(ValueError, match="field d: 'oops' is not a number"):
         convert({"d": "oops"})
+
+
+@pytest.mark.parametrize("buffered", [True, False], ids=["peek", "no-peek"])
+def test_rows_are_read_as_runs_each_row_whole_and_a_row_too_large_alone(buffered):
+    rows = [b"r%d" % i * (i % 7) for i in range(300)]
+    rows[150] = b"x" * 100  # over the limit, with rows on both sides
+    rows[151] = b"y" * 99   # at it: not bad
+    stream = io.BytesIO(jvm_stream(rows, after=b"NEXT"))
+    # a small read buffer: runs end where it does, and a row larger than it is read alone
+    source = io.BufferedReader(stream, buffer_size=256) if buffered else stream
+    got = list(_SizedRows(99).load_stream(source))
+    assert source.read() == b"NEXT"  # it stopped right after END_OF_DATA_SECTION
+    alone = [run for run in got if isinstance(run, bytes)]
+    assert alone == [b"x" * 100]
+    assert [body for run in got for body in ([run] if isinstance(run, bytes) else run)] == rows
+    if buffered:  # runs, not a row at a time
+        assert len(got) < len(rows) / 4
+
+
+@pytest.mark.parametrize("stream", [b"", struct.pack(">i", 5) + b"abc",
+                                    struct.pack(">i", -5)], ids=["none", "cut", "null"])
+def test_a_stream_of_rows_that_ends_early_or_holds_a_null_is_an_error(stream):
+    with pytest.raises((EOFError, ValueError)):
+        list(_SizedRows(100).load_stream(io.BufferedReader(io.BytesIO(stream))))
+
+
+def test_runs_are_published_as_mpubs_of_batch_size_and_a_row_too_large_is_a_bad_row():
+    rows = [b'{"id":%d}' % i for i in range(1000)] + [b"z" * 50] + [b"{}"] * 10
+    runs = list(_SizedRows(40).load_stream(
+        io.BufferedReader(io.BytesIO(jvm_stream(rows)), buffer_size=300)))
+    publisher = PartitionPublisher("t", "tcp://127.0.0.1:1", batch_size=64,
+                                   batches_in_flight=3, max_message_size=40,
+                                   bad_rows_topic="t.bad")
+    bad: list[bytes] = []
+    groups = list(publisher._sized_batches(runs, bad))
+    assert all(tag == "" and 1 <= len(mpubs) <= 3 for tag, mpubs in groups)
+    mpubs = [m for _, ms in groups for m in ms]
+    assert [len(m) for m in mpubs] == [64] * 15 + [1010 - 64 * 15]
+    assert [body for m in mpubs for body in m] == rows[:1000] + rows[1001:]
+    assert len(bad) == 1
+    report = json.loads(bad[0])
+    assert (report["index"], report["error"]) == (1000, "50 bytes is over the 40-byte "
+                                                        "message limit")

@@ -96,7 +96,7 @@ class Mpub:
     over ZeroMQ, with a tag."""
 
     topic: str
-    bodies: tuple[bytes, ...]
+    bodies: tuple[bytes, ...]  # (a client's may be a codec.SizedBodies: sent as it is)
     tag: str = ""
 
 

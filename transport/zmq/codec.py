@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import msgpack
@@ -103,6 +103,7 @@ __all__ = [
     "PackedMessages",
     "Reply",
     "Request",
+    "SizedBodies",
     "encode_error",
     "encode_heartbeat",
     "encode_identify_reply",
@@ -228,15 +229,69 @@ def _pmpub(args: Sequence[bytes], limits: Limits, _server: ServerInfo, tag: str 
     return Mpub(topic, split_mpub_body(args[1], limits), tag)
 
 
+class SizedBodies(Sequence[bytes]):
+    """Message bodies kept as NSQ V2's MPUB body keeps them, each after its size (4-byte
+    big-endian), without the count in front: what a Spark worker is handed for rows of
+    text is in that form already (transport/spark.py), so a PMPUB sends them without an
+    object made a body.  Split into bodies only if asked for one (an MPUB of frames)."""
+
+    __slots__ = ("_split", "count", "data")
+
+    def __init__(self, count: int, data: bytes) -> None:
+        self.count = count
+        self.data = data
+        self._split: list[bytes] | None = None
+
+    @classmethod
+    def join(cls, parts: Sequence[SizedBodies]) -> SizedBodies:
+        if len(parts) == 1:
+            return parts[0]
+        return cls(sum(p.count for p in parts), b"".join([p.data for p in parts]))
+
+    def cut(self, count: int) -> tuple[SizedBodies, SizedBodies]:
+        """The first `count` bodies, and the rest."""
+        size, data, pos = _SIZE.unpack_from, self.data, 0
+        for _ in range(count):
+            pos += 4 + size(data, pos)[0]
+        return SizedBodies(count, data[:pos]), SizedBodies(self.count - count, data[pos:])
+
+    def _bodies(self) -> list[bytes]:
+        if self._split is None:
+            size, data = _SIZE.unpack_from, self.data
+            out, pos = [], 0
+            while pos < len(data):
+                (n,) = size(data, pos)
+                out.append(data[pos + 4:pos + 4 + n])
+                pos += 4 + n
+            if len(out) != self.count or pos != len(data):
+                msg = f"{len(data)} bytes do not hold {self.count} sized bodies"
+                raise ValueError(msg)
+            self._split = out
+        return self._split
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._bodies()[i]
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._bodies())
+
+
 def pack_bodies(bodies: Sequence[bytes]) -> bytes:
     """NSQ V2's MPUB body, PMPUB's last frame: the count, then each body after its size
     (4-byte big-endian integers)."""
+    if isinstance(bodies, SizedBodies):
+        return _SIZE.pack(bodies.count) + bodies.data
     return _sized(bodies, _SIZE.pack(len(bodies)))
 
 
 def mpub_body_size(bodies: Sequence[bytes]) -> int:
     """The size of `bodies` as NSQ V2's MPUB body (what ``--max-body-size`` limits: an
     MPUB's frames, or a PMPUB's one)."""
+    if isinstance(bodies, SizedBodies):
+        return 4 + len(bodies.data)
     return 4 + 4 * len(bodies) + sum(map(len, bodies))
 
 

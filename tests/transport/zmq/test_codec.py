@@ -33,6 +33,7 @@ from transport.zmq.codec import (
     Ok,
     PackedMessages,
     Request,
+    SizedBodies,
     encode_error,
     encode_heartbeat,
     encode_identify_reply,
@@ -40,6 +41,7 @@ from transport.zmq.codec import (
     encode_ok,
     encode_packed_messages,
     encode_request,
+    mpub_body_size,
     pack_bodies,
     parse_reply,
     parse_request,
@@ -292,6 +294,24 @@ def test_a_packed_mpub_is_the_mpub_with_its_bodies_in_one_frame(command: Mpub) -
     assert parse(frames) == Request(b"#4", command)
     # (only MPUB has a packed form)
     assert encode_request(Pub("orders", b"x"), packed=True) == encode_request(Pub("orders", b"x"))
+
+
+def test_sized_bodies_are_sent_as_they_are_and_split_only_for_frames() -> None:
+    bodies = [b"a", b"", b"bc" * 50, b"\x00\xff"]
+    sized = SizedBodies(len(bodies), pack_bodies(bodies)[4:])
+    assert len(sized) == 4
+    assert pack_bodies(sized) == pack_bodies(bodies)
+    assert mpub_body_size(sized) == mpub_body_size(bodies)
+    # packed: its data as it is; as MPUB frames: one a body
+    assert encode_request(Mpub("t", sized), b"#1", packed=True)[-1] == pack_bodies(bodies)
+    assert encode_request(Mpub("t", sized), b"#1")[3:] == bodies
+    assert list(sized) == bodies and sized[2] == bodies[2]
+    head, rest = sized.cut(3)
+    assert (list(head), list(rest)) == (bodies[:3], bodies[3:])
+    assert list(SizedBodies.join([head, rest])) == bodies
+    assert pack_bodies(SizedBodies.join([head, rest])) == pack_bodies(bodies)
+    with pytest.raises(ValueError, match="do not hold 5 sized bodies"):
+        list(SizedBodies(5, sized.data))
 
 
 @pytest.mark.parametrize(("frames", "code", "text"), [
