@@ -139,10 +139,41 @@ def _spark_floats(value: Any) -> Any:
 _NONFINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 
 
+def _shallow(value: Any) -> Any:
+    """orjson's ``default``: a ``Row`` as a dict of its values (orjson calls this again
+    for the Rows inside), anything else as :func:`_encode_value` has it."""
+    as_dict = getattr(value, "asDict", None)
+    return as_dict() if as_dict is not None else _encode_value(value)
+
+
+_ORJSON = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
+
+
+def _nulls(row: Any) -> int:
+    """How many of a row's own values (not those inside them) are None."""
+    if isinstance(row, tuple):
+        return row.count(None)
+    if type(row) is dict:
+        return list(row.values()).count(None)
+    return 0
+
+
 def to_json(row: Any) -> bytes:
     """Strict JSON, in Spark's conventions: NaN and infinities as ``"NaN"``,
     ``"Infinity"`` and ``"-Infinity"``, binary as base64, dates and times as ISO 8601,
     decimals as strings (exact)."""
+    # orjson first (3x faster on a Row): it writes NaN and the infinities as null, so
+    # its answer stands only if each null in it is one of the row's own None values;
+    # a NaN, a None inside a value, or "null" inside a string, and the row goes the
+    # stdlib's way below, as do what orjson refuses (ints past 64 bits, keys that are
+    # not strings) and bad rows (to be refused with the stdlib's reason)
+    try:
+        out = orjson.dumps(row, default=_shallow, option=_ORJSON)
+    except TypeError:
+        pass
+    else:
+        if b"null" not in out or out.count(b"null") == _nulls(row):
+            return out
     plain = _plain(row)
     try:
         return json.dumps(plain, default=_encode_value, allow_nan=False,

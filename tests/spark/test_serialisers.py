@@ -40,6 +40,18 @@ def test_json_writes_rows_dates_and_decimals_as_plain_values():
     assert "Zürich".encode() in to_json(row)  # UTF-8, not \\u escapes
 
 
+@pytest.mark.parametrize(("row", "expected"), [
+    (Row(a=None, b=1.5), {"a": None, "b": 1.5}),
+    (Row(a=None, b=float("nan")), {"a": None, "b": "NaN"}),  # a NaN beside a None
+    (Row(a="null", b=float("inf")), {"a": "null", "b": "Infinity"}),  # "null" in a string
+    (Row(a=Row(x=None), b=[float("-inf"), None]), {"a": {"x": None}, "b": ["-Infinity", None]}),
+    ({"n": 2**70, 1: None}, {"n": 2**70, "1": None}),  # what orjson refuses: the stdlib's way
+    ({"a": [None, float("nan")]}, {"a": [None, "NaN"]}),
+])
+def test_json_tells_a_none_from_a_nan_whichever_way_the_row_is_written(row, expected):
+    assert json.loads(to_json(row)) == expected
+
+
 def test_msgpack_round_trips_a_row():
     row = Row(id=1, day=dt.date(2026, 1, 2), blob=b"\x00\x01")
     assert msgpack.unpackb(to_msgpack(row)) == {"id": 1, "day": "2026-01-02", "blob": b"\x00\x01"}
