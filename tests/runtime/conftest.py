@@ -21,15 +21,18 @@ RUNTIME_THREAD_PREFIXES = ("dispatcher:", "mailbox:", "blocking:", "supervisor-m
                            "control-server")
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    """Poll ``predicate`` until it returns a truthy value or ``timeout`` passes."""
+def wait_until(predicate: Callable[[], Any], timeout: float = 10.0,
+               what: str | Callable[[], str] = "condition") -> Any:
+    """Poll ``predicate`` until it returns a truthy value or ``timeout`` passes (`what`
+    names it in the failure; a callable is asked then, to say how far it got)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+            pytest.fail(f"timed out after {timeout}s waiting for "
+                        f"{what() if callable(what) else what}")
         time.sleep(0.02)
 
 
