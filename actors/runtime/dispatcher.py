@@ -144,7 +144,11 @@ class _Worker:
         now = time.monotonic()
         timers = self.timers
         while timers and timers[0][0] <= now:
-            heapq.heappop(timers)[2].expire()
+            timer = heapq.heappop(timers)[2]
+            try:
+                timer.expire()
+            except BaseException:  # as a batch's: one must not end the thread and its timers
+                logger.exception("dispatcher: timer %r raised", timer)
 
     def add_timer(self, deadline: float, timer: Timer) -> None:
         """Call ``timer.expire()`` at ``deadline`` (called on this worker's own thread only)."""

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from actors.runtime import Actor, RuntimeOptions, message, no_spawn
-from actors.runtime.dispatcher import Dispatcher, Waiter
+from actors.runtime.dispatcher import Dispatcher, Waiter, call_later
 from actors.runtime.node import Node, NodeSpec
 from tests.runtime.conftest import wait_until
 from tests.runtime.helpers import Seq
@@ -334,6 +334,36 @@ def test_tell_later_is_a_timer_on_the_dispatcher_not_a_thread(node: Node) -> Non
     assert len(Alarm.rang) == 1_000
     assert all(waited >= n / 1000 for n, waited in Alarm.rang)
     assert threading.active_count() <= threads_before + 2  # the I/O pool may grow, not per timer
+
+
+class _Failing:
+    """A timer whose expiry raises."""
+
+    def expire(self) -> None:
+        raise RuntimeError("this timer fails")
+
+
+class AfterAFailure(Actor):
+    """On ``Seq``: a timer that raises, then an alarm after it."""
+
+    rang = threading.Event()
+
+    def on_receive(self, msg: Any) -> Any:
+        match msg:
+            case Seq():
+                call_later(0.001, _Failing())
+                self.tell_later(0.05, "ring")
+            case "ring":
+                AfterAFailure.rang.set()
+        return None
+
+
+def test_a_timer_that_raises_leaves_the_thread_and_its_later_timers(node: Node) -> None:
+    AfterAFailure.rang = threading.Event()
+    node._factories["after"] = AfterAFailure
+    node.endpoint.tell("after:a", Seq(1))
+    assert AfterAFailure.rang.wait(10)
+    assert node.endpoint.ask("after:a", Seq(2), timeout=10) is None  # (the thread serves)
 
 
 class Lingerer(Actor):
