@@ -311,7 +311,8 @@ class PartitionPublisher:
         else:
             self._publish(lambda bad: self._row_batches(rows, bad))
 
-    def _publish(self, batches: Callable[[list[bytes]], Iterator[list[Sequence[bytes]]]]
+    def _publish(self, batches: Callable[[list[bytes]],
+                                         Iterator[tuple[str, list[Sequence[bytes]]]]]
                  ) -> None:
         """Publish the MPUBs `batches` yields (a list at a time, pipelined), then the bad
         rows it collected, and count them."""
