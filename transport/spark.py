@@ -51,6 +51,7 @@ import dataclasses
 import datetime as dt
 import decimal
 import functools
+import gc
 import json
 import logging
 import math
@@ -150,8 +151,13 @@ _ORJSON = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
 
 
 def _nulls(row: Any) -> int:
-    """How many of a row's own values (not those inside them) are None."""
+    """How many of a row's own values (not those inside them) are None; -1 for a Row
+    whose field names repeat (``asDict`` keeps one value a name: its count is not
+    the output's)."""
     if isinstance(row, tuple):
+        fields = getattr(row, "__fields__", None)
+        if fields is not None and len(set(fields)) < len(fields):
+            return -1
         return row.count(None)
     if type(row) is dict:
         return list(row.values()).count(None)
@@ -366,8 +372,8 @@ class PartitionPublisher:
 
     def _sized_batches(self, runs: Iterable[SizedBodies | bytes], bad: list[bytes]
                        ) -> Iterator[tuple[str, list[Sequence[bytes]]]]:
-        """`_SizedRows`' runs joined into MPUBs of `batch_size` rows (and at most
-        ``MAX_BATCH_BYTES``), `batches_in_flight` at a time."""
+        """`_SizedRows`' runs joined into MPUBs of `batch_size` rows, or fewer where
+        more would pass ``MAX_BATCH_BYTES``, `batches_in_flight` at a time."""
         mpubs: list[Sequence[bytes]] = []
         parts: list[SizedBodies] = []
         count = size = index = 0
@@ -376,20 +382,22 @@ class PartitionPublisher:
                 bad.append(self._bad_row(index, run, self._too_large(len(run))))
                 index += 1
                 continue
-            index += run.count
+            index += run.number
             rest = run
-            while rest.count:
-                if parts and (count == self.batch_size
-                              or size + len(rest.data) > MAX_BATCH_BYTES - 4):
+            while rest.number:
+                take = rest.fitting(self.batch_size - count, MAX_BATCH_BYTES - 4 - size)
+                if not take and parts:  # full, by rows or bytes: an MPUB
                     mpubs.append(SizedBodies.join(parts))
                     parts, count, size = [], 0, 0
                     if len(mpubs) >= self.batches_in_flight:
                         yield "", mpubs
                         mpubs = []
-                take = min(rest.count, self.batch_size - count)
-                head, rest = rest.cut(take) if take < rest.count else (rest, _NO_ROWS)
+                    continue
+                # (a row over MAX_BATCH_BYTES alone, as publish_batch sends it)
+                take = max(take, 1)
+                head, rest = rest.cut(take) if take < rest.number else (rest, _NO_ROWS)
                 parts.append(head)
-                count += head.count
+                count += head.number
                 size += len(head.data)
         if parts:
             mpubs.append(SizedBodies.join(parts))
@@ -508,8 +516,8 @@ def _zip_directories_reread_only_when_changed() -> None:
     spark-core's jar (thousands of entries), with one importer for each package
     imported from them -- 75 ms a task, measured, about a core's tenth of a second for
     every task of a 4-partition job (BENCHMARKS.md).  A reused worker then reads an
-    archive again only when its file changed (its mtime, size or inode), which is
-    what the reread is for.  The driver is left as it is."""
+    archive again only when its file changed (its mtime, ctime, size or inode), which
+    is what the reread is for.  The driver is left as it is."""
     if TaskContext.get() is None or getattr(zipimport.zipimporter.invalidate_caches,
                                             "_when_changed", False):
         return
@@ -518,7 +526,7 @@ def _zip_directories_reread_only_when_changed() -> None:
     def invalidate_caches(self: zipimport.zipimporter) -> None:
         try:
             st = os.stat(self.archive)
-            seen: Any = (st.st_mtime_ns, st.st_size, st.st_ino)
+            seen: Any = (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino)
         except OSError:
             seen = None
         if seen is None or self.__dict__.get("_seen") != seen:
@@ -852,6 +860,7 @@ class TopicReader:
             self.consumer.close()
             self._started = False
             self._held.clear()
+            _FROZEN.let_go()
         else:  # (a sentinel no gather took)
             while True:
                 try:
@@ -872,6 +881,7 @@ class TopicReader:
         only the Spark side of a batch (its DataFrame) waits for the next step, when
         the batch before is committed or requeued."""
         if not self._started:
+            _FROZEN.hold()
             self.consumer.start()
             self._started = True
             self._closing.clear()
@@ -1292,6 +1302,39 @@ def _unobserve(spark: Any, observation: Observation) -> None:
 
 
 _WAKE: Any = object()
+
+
+class _GcFrozen:
+    """While a reader runs, the objects that were alive when the first one started are
+    frozen (``gc.freeze``): the collector's full passes skip them.  A drain keeps
+    100,000 messages in flight, so every batch's messages reach the oldest
+    generation and bring on full collections, each scanning everything the driver
+    holds (pyspark, py4j, the application); frozen, those passes scan about what the
+    reader holds, and a drain ran 1.3x (BENCHMARKS.md).  They are unfrozen when the
+    last reader closes: garbage among them waits for that.  A process that froze
+    objects itself is left as it is."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._readers = 0
+        self._froze = False
+
+    def hold(self) -> None:
+        with self._lock:
+            self._readers += 1
+            if self._readers == 1 and gc.get_freeze_count() == 0:
+                gc.freeze()
+                self._froze = True
+
+    def let_go(self) -> None:
+        with self._lock:
+            self._readers -= 1
+            if self._readers == 0 and self._froze:
+                gc.unfreeze()
+                self._froze = False
+
+
+_FROZEN = _GcFrozen()
 """Put in a reader's queue of arrived messages by ``close``: a gather waiting for the
 first message of a batch returns at once."""
 

@@ -47,6 +47,8 @@ def test_json_writes_rows_dates_and_decimals_as_plain_values():
     (Row(a=Row(x=None), b=[float("-inf"), None]), {"a": {"x": None}, "b": ["-Infinity", None]}),
     ({"n": 2**70, 1: None}, {"n": 2**70, "1": None}),  # what orjson refuses: the stdlib's way
     ({"a": [None, float("nan")]}, {"a": [None, "NaN"]}),
+    # a name twice: asDict keeps the last value, so the first's None is not written
+    (Row("a", "b", "a")(None, float("nan"), 1), {"a": 1, "b": "NaN"}),
 ])
 def test_json_tells_a_none_from_a_nan_whichever_way_the_row_is_written(row, expected):
     assert json.loads(to_json(row)) == expected
@@ -173,3 +175,46 @@ def test_runs_are_published_as_mpubs_of_batch_size_and_a_row_too_large_is_a_bad_
     report = json.loads(bad[0])
     assert (report["index"], report["error"]) == (1000, "50 bytes is over the 40-byte "
                                                         "message limit")
+
+
+def test_runs_of_large_rows_are_cut_into_mpubs_under_the_byte_limit(monkeypatch):
+    import transport.spark as spark_module
+    monkeypatch.setattr(spark_module, "MAX_BATCH_BYTES", 1000)
+    rows = [bytes([65 + i % 26]) * (90 + i % 20) for i in range(200)] + [b"z" * 2000, b"{}"]
+    runs = list(_SizedRows(10_000).load_stream(
+        io.BufferedReader(io.BytesIO(jvm_stream(rows)), buffer_size=5000)))
+    publisher = PartitionPublisher("t", "tcp://127.0.0.1:1", batch_size=50,
+                                   batches_in_flight=2, max_message_size=10_000)
+    bad: list[bytes] = []
+    mpubs = [m for _, ms in publisher._sized_batches(runs, bad) for m in ms]
+    assert [body for m in mpubs for body in m] == rows
+    assert not bad
+    # each MPUB within the limit (4 bytes of count, then each body after its size),
+    # and one row larger than it alone
+    sizes = [4 + len(m.data) for m in mpubs]
+    assert [s for s in sizes if s > 1000] == [4 + 4 + 2000]
+    assert all(len(m) <= 50 for m in mpubs)
+    assert len(mpubs) < 40  # (filled, not a row each)
+
+
+def test_objects_are_frozen_while_a_reader_runs_and_a_freeze_not_ours_is_left_alone():
+    import gc
+
+    from transport.spark import _GcFrozen
+    assert gc.get_freeze_count() == 0
+    frozen = _GcFrozen()
+    try:
+        frozen.hold()
+        assert gc.get_freeze_count() > 0  # (what was alive: full collections skip it)
+        frozen.hold()  # a second reader
+        frozen.let_go()
+        assert gc.get_freeze_count() > 0
+        frozen.let_go()  # the last one: all collected as before
+        assert gc.get_freeze_count() == 0
+        gc.freeze()  # the application's own
+        count = gc.get_freeze_count()
+        frozen.hold()
+        frozen.let_go()
+        assert gc.get_freeze_count() == count
+    finally:
+        gc.unfreeze()

@@ -233,12 +233,13 @@ class SizedBodies(Sequence[bytes]):
     """Message bodies kept as NSQ V2's MPUB body keeps them, each after its size (4-byte
     big-endian), without the count in front: what a Spark worker is handed for rows of
     text is in that form already (transport/spark.py), so a PMPUB sends them without an
-    object made a body.  Split into bodies only if asked for one (an MPUB of frames)."""
+    object made a body.  Split into bodies only if asked for one (an MPUB of frames).
+    ``number`` is how many (``len``; ``count`` stays Sequence's)."""
 
-    __slots__ = ("_split", "count", "data")
+    __slots__ = ("_split", "data", "number")
 
-    def __init__(self, count: int, data: bytes) -> None:
-        self.count = count
+    def __init__(self, number: int, data: bytes) -> None:
+        self.number = number
         self.data = data
         self._split: list[bytes] | None = None
 
@@ -246,14 +247,27 @@ class SizedBodies(Sequence[bytes]):
     def join(cls, parts: Sequence[SizedBodies]) -> SizedBodies:
         if len(parts) == 1:
             return parts[0]
-        return cls(sum(p.count for p in parts), b"".join([p.data for p in parts]))
+        return cls(sum(p.number for p in parts), b"".join([p.data for p in parts]))
 
-    def cut(self, count: int) -> tuple[SizedBodies, SizedBodies]:
-        """The first `count` bodies, and the rest."""
+    def fitting(self, most: int, room: int) -> int:
+        """How many of the first bodies, at most `most`, fit in `room` bytes (sizes
+        included)."""
+        if self.number <= most and len(self.data) <= room:
+            return self.number
         size, data, pos = _SIZE.unpack_from, self.data, 0
-        for _ in range(count):
+        for n in range(min(most, self.number)):
+            end = pos + 4 + size(data, pos)[0]
+            if end > room:
+                return n
+            pos = end
+        return min(most, self.number)
+
+    def cut(self, number: int) -> tuple[SizedBodies, SizedBodies]:
+        """The first `number` bodies, and the rest."""
+        size, data, pos = _SIZE.unpack_from, self.data, 0
+        for _ in range(number):
             pos += 4 + size(data, pos)[0]
-        return SizedBodies(count, data[:pos]), SizedBodies(self.count - count, data[pos:])
+        return SizedBodies(number, data[:pos]), SizedBodies(self.number - number, data[pos:])
 
     def _bodies(self) -> list[bytes]:
         if self._split is None:
@@ -263,14 +277,14 @@ class SizedBodies(Sequence[bytes]):
                 (n,) = size(data, pos)
                 out.append(data[pos + 4:pos + 4 + n])
                 pos += 4 + n
-            if len(out) != self.count or pos != len(data):
-                msg = f"{len(data)} bytes do not hold {self.count} sized bodies"
+            if len(out) != self.number or pos != len(data):
+                msg = f"{len(data)} bytes do not hold {self.number} sized bodies"
                 raise ValueError(msg)
             self._split = out
         return self._split
 
     def __len__(self) -> int:
-        return self.count
+        return self.number
 
     def __getitem__(self, i: Any) -> Any:
         return self._bodies()[i]
@@ -283,7 +297,7 @@ def pack_bodies(bodies: Sequence[bytes]) -> bytes:
     """NSQ V2's MPUB body, PMPUB's last frame: the count, then each body after its size
     (4-byte big-endian integers)."""
     if isinstance(bodies, SizedBodies):
-        return _SIZE.pack(bodies.count) + bodies.data
+        return _SIZE.pack(bodies.number) + bodies.data
     return _sized(bodies, _SIZE.pack(len(bodies)))
 
 

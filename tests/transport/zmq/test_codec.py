@@ -310,6 +310,11 @@ def test_sized_bodies_are_sent_as_they_are_and_split_only_for_frames() -> None:
     assert (list(head), list(rest)) == (bodies[:3], bodies[3:])
     assert list(SizedBodies.join([head, rest])) == bodies
     assert pack_bodies(SizedBodies.join([head, rest])) == pack_bodies(bodies)
+    # how many of the first fit a count and a size (each body's 4 bytes included)
+    assert sized.fitting(10, 10**6) == 4
+    assert sized.fitting(2, 10**6) == 2
+    assert (sized.fitting(4, 9), sized.fitting(4, 8), sized.fitting(4, 4)) == (2, 1, 0)
+    assert sized.count(b"a") == 1  # (Sequence's count: the number is `number`)
     with pytest.raises(ValueError, match="do not hold 5 sized bodies"):
         list(SizedBodies(5, sized.data))
 
