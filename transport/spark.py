@@ -672,7 +672,9 @@ class Batch:
     committed: bool = False
     duplicates: int = 0
     # (the reader's: the messages are no longer held, and, committed, are remembered)
-    _on_settled: Callable[[list[Message], bool], None] | None = field(default=None, repr=False)
+    _on_settled: Callable[[list[Message], list[Any], bool], None] | None = field(
+        default=None, repr=False)
+    _keys: list[Any] = field(default_factory=list, repr=False)  # (source, id) a message
     _framed: _Framed | None = field(default=None, repr=False)  # its Spark side
 
     def _release(self) -> None:
@@ -690,13 +692,13 @@ class Batch:
             m.finish()
         self.committed = True
         if self._on_settled is not None:
-            self._on_settled(self.messages, True)
+            self._on_settled(self.messages, self._keys, True)
 
     def requeue(self) -> None:
         for m in self.messages:
             m.requeue(0)
         if self._on_settled is not None:
-            self._on_settled(self.messages, False)
+            self._on_settled(self.messages, self._keys, False)
 
 
 class TopicReader:
@@ -980,7 +982,7 @@ class TopicReader:
             taken.append(m)
         return self._distinct(taken)
 
-    def _distinct(self, taken: list[Message]) -> list[Message]:
+    def _distinct(self, taken: list[Message]) -> _Gathered:
         """`taken` but for the earlier copy of a message delivered again (keyed by
         broker and id: ids are unique per broker only), which is no longer held."""
         got = {(m.source, m.id): m for m in taken}  # (a later copy replaces an earlier)
@@ -989,9 +991,9 @@ class TopicReader:
             for m in taken:
                 if id(m) not in last:
                     self._held.pop(id(m), None)
-        return list(got.values())
+        return _Gathered(got.values(), got)
 
-    def _settled(self, messages: list[Message], committed: bool) -> None:
+    def _settled(self, messages: list[Message], keys: list[Any], committed: bool) -> None:
         """A batch FINed (`committed`) or requeued: its messages are no longer held (the
         keeper stops touching them, and the garbage collector no longer scans them;
         held until the keeper's next round, a drain's messages cost a second of full
@@ -1000,12 +1002,11 @@ class TopicReader:
         for m in messages:
             pop(id(m), None)
         if committed and self._dedupe_window:
-            self._remember(messages)
+            self._remember(keys)
 
-    def _remember(self, messages: list[Message]) -> None:
+    def _remember(self, keys: list[Any]) -> None:
         seen = self._seen
-        for m in messages:
-            seen[(m.source, m.id)] = None
+        seen.update(dict.fromkeys(keys))
         forget = seen.popitem
         for _ in range(len(seen) - self._dedupe_window):
             forget(last=False)
@@ -1014,7 +1015,7 @@ class TopicReader:
         """A batch made ready (the prefetch thread's work): each message decoded,
         checked and staged (JSON) or made a row, then its DataFrame.  On an error
         the messages are requeued."""
-        prepared = _Prepared(messages)
+        prepared = _Prepared(messages, _keys(messages))
         if not messages:
             return prepared
         try:
@@ -1032,7 +1033,7 @@ class TopicReader:
         """Give a batch that will not be yielded back: requeue it, unstage it."""
         for m in prepared.messages:
             m.requeue(0)
-        self._settled(prepared.messages, False)
+        self._settled(prepared.messages, prepared.keys, False)
         _discard(prepared.framed)
         if prepared.where is not None:
             assert self._staging is not None
@@ -1125,7 +1126,7 @@ class TopicReader:
         duplicates = 0
         framed = prepared.framed
         assert framed is not None
-        if seen and not seen.keys().isdisjoint([(m.source, m.id) for m in prepared.messages]):
+        if seen and not seen.keys().isdisjoint(prepared.keys):
             dup = {i for i, m in enumerate(prepared.kept) if (m.source, m.id) in seen}
             kept_bad = [(m, e) for m, e in bad if (m.source, m.id) not in seen]
             duplicates = len(dup) + len(bad) - len(kept_bad)
@@ -1140,8 +1141,7 @@ class TopicReader:
                 prepared.framed = framed
         out = [BadMessage(m.id, m.body, error) for m, error in bad] + framed.bad
         return Batch(framed.df, framed.rows, out, prepared.messages, duplicates=duplicates,
-                     _on_settled=self._settled,
-                     _framed=framed)
+                     _on_settled=self._settled, _keys=prepared.keys, _framed=framed)
 
     def _spark_side(self, prepared: _Prepared, dup: set[int]) -> _Framed:
         """The batch's DataFrame, leaving out the messages at `dup` in ``kept``."""
@@ -1246,6 +1246,20 @@ class TopicReader:
         return self.spark.createDataFrame(rows, schema, verifySchema=False), len(rows)
 
 
+class _Gathered(list):  # type: ignore[type-arg]
+    """Messages gathered for a batch, with the (broker, id) key of each (``keys``, which
+    the batch needs three times: made once)."""
+
+    def __init__(self, messages: Iterable[Message], keys: Iterable[Any]) -> None:
+        super().__init__(messages)
+        self.keys = list(keys)
+
+
+def _keys(messages: list[Message]) -> list[Any]:
+    keys = getattr(messages, "keys", None)
+    return keys if keys is not None else [(m.source, m.id) for m in messages]
+
+
 @dataclass
 class _Prepared:
     """A gathered batch made ready in Python, not yet framed for Spark: its messages,
@@ -1253,6 +1267,7 @@ class _Prepared:
     body (staged in the file at ``where``) or its row, in staging order."""
 
     messages: list[Message]
+    keys: list[Any]  # each message's (source, id), made once for all a batch needs
     bad: list[tuple[Message, str]] = field(default_factory=list)
     kept: list[Message] = field(default_factory=list)
     # each kept message's staged JSON body or row (two lists, not a tuple a message: a
