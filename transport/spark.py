@@ -51,7 +51,6 @@ import dataclasses
 import datetime as dt
 import decimal
 import functools
-import gc
 import json
 import logging
 import math
@@ -862,7 +861,6 @@ class TopicReader:
             self.consumer.close()
             self._started = False
             self._held.clear()
-            _FROZEN.let_go()
         else:  # (a sentinel no gather took)
             while True:
                 try:
@@ -883,7 +881,6 @@ class TopicReader:
         only the Spark side of a batch (its DataFrame) waits for the next step, when
         the batch before is committed or requeued."""
         if not self._started:
-            _FROZEN.hold()
             self.consumer.start()
             self._started = True
             self._closing.clear()
@@ -1317,39 +1314,6 @@ def _unobserve(spark: Any, observation: Observation) -> None:
 
 
 _WAKE: Any = object()
-
-
-class _GcFrozen:
-    """While a reader runs, the objects that were alive when the first one started are
-    frozen (``gc.freeze``): the collector's full passes skip them.  A drain keeps
-    100,000 messages in flight, so every batch's messages reach the oldest
-    generation and bring on full collections, each scanning everything the driver
-    holds (pyspark, py4j, the application); frozen, those passes scan about what the
-    reader holds, and a drain ran 1.3x (BENCHMARKS.md).  They are unfrozen when the
-    last reader closes: garbage among them waits for that.  A process that froze
-    objects itself is left as it is."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._readers = 0
-        self._froze = False
-
-    def hold(self) -> None:
-        with self._lock:
-            self._readers += 1
-            if self._readers == 1 and gc.get_freeze_count() == 0:
-                gc.freeze()
-                self._froze = True
-
-    def let_go(self) -> None:
-        with self._lock:
-            self._readers -= 1
-            if self._readers == 0 and self._froze:
-                gc.unfreeze()
-                self._froze = False
-
-
-_FROZEN = _GcFrozen()
 """Put in a reader's queue of arrived messages by ``close``: a gather waiting for the
 first message of a batch returns at once."""
 

@@ -196,25 +196,3 @@ def test_runs_of_large_rows_are_cut_into_mpubs_under_the_byte_limit(monkeypatch)
     assert all(len(m) <= 50 for m in mpubs)
     assert len(mpubs) < 40  # (filled, not a row each)
 
-
-def test_objects_are_frozen_while_a_reader_runs_and_a_freeze_not_ours_is_left_alone():
-    import gc
-
-    from transport.spark import _GcFrozen
-    assert gc.get_freeze_count() == 0
-    frozen = _GcFrozen()
-    try:
-        frozen.hold()
-        assert gc.get_freeze_count() > 0  # (what was alive: full collections skip it)
-        frozen.hold()  # a second reader
-        frozen.let_go()
-        assert gc.get_freeze_count() > 0
-        frozen.let_go()  # the last one: all collected as before
-        assert gc.get_freeze_count() == 0
-        gc.freeze()  # the application's own
-        count = gc.get_freeze_count()
-        frozen.hold()
-        frozen.let_go()
-        assert gc.get_freeze_count() == count
-    finally:
-        gc.unfreeze()
