@@ -305,7 +305,8 @@ def test_sized_bodies_are_sent_as_they_are_and_split_only_for_frames() -> None:
     # packed: its data as it is; as MPUB frames: one a body
     assert encode_request(Mpub("t", sized), b"#1", packed=True)[-1] == pack_bodies(bodies)
     assert encode_request(Mpub("t", sized), b"#1")[3:] == bodies
-    assert list(sized) == bodies and sized[2] == bodies[2]
+    assert list(sized) == bodies
+    assert sized[2] == bodies[2]
     head, rest = sized.cut(3)
     assert (list(head), list(rest)) == (bodies[:3], bodies[3:])
     assert list(SizedBodies.join([head, rest])) == bodies
