@@ -94,7 +94,6 @@ log = logging.getLogger(__name__)
 
 Serializer = Callable[[Any], bytes]
 _SIZE = struct.Struct(">i")  # a row's size before it, as the JVM hands rows to Python
-_NO_ROWS = SizedBodies(0, b"")
 Deserializer = Callable[[bytes], Any]
 
 
@@ -384,17 +383,17 @@ class PartitionPublisher:
             index += run.number
             rest = run
             while rest.number:
-                take = rest.fitting(self.batch_size - count, MAX_BATCH_BYTES - 4 - size)
-                if not take and parts:  # full, by rows or bytes: an MPUB
-                    mpubs.append(SizedBodies.join(parts))
-                    parts, count, size = [], 0, 0
-                    if len(mpubs) >= self.batches_in_flight:
-                        yield "", mpubs
-                        mpubs = []
-                    continue
-                # (a row over MAX_BATCH_BYTES alone, as publish_batch sends it)
-                take = max(take, 1)
-                head, rest = rest.cut(take) if take < rest.number else (rest, _NO_ROWS)
+                head, rest = rest.take(self.batch_size - count, MAX_BATCH_BYTES - 4 - size)
+                if not head.number:
+                    if parts:  # full, by rows or bytes: an MPUB
+                        mpubs.append(SizedBodies.join(parts))
+                        parts, count, size = [], 0, 0
+                        if len(mpubs) >= self.batches_in_flight:
+                            yield "", mpubs
+                            mpubs = []
+                        continue
+                    # (a row over MAX_BATCH_BYTES alone, as publish_batch sends it)
+                    head, rest = rest.take(1, len(rest.data))
                 parts.append(head)
                 count += head.number
                 size += len(head.data)

@@ -249,25 +249,18 @@ class SizedBodies(Sequence[bytes]):
             return parts[0]
         return cls(sum(p.number for p in parts), b"".join([p.data for p in parts]))
 
-    def fitting(self, most: int, room: int) -> int:
-        """How many of the first bodies, at most `most`, fit in `room` bytes (sizes
-        included)."""
+    def take(self, most: int, room: int) -> tuple[SizedBodies, SizedBodies]:
+        """The first bodies, at most `most` of them, that fit in `room` bytes (sizes
+        included; maybe none), and the rest: one walk over their sizes."""
         if self.number <= most and len(self.data) <= room:
-            return self.number
-        size, data, pos = _SIZE.unpack_from, self.data, 0
-        for n in range(min(most, self.number)):
+            return self, _NONE
+        size, data, pos, n = _SIZE.unpack_from, self.data, 0, 0
+        while n < min(most, self.number):
             end = pos + 4 + size(data, pos)[0]
             if end > room:
-                return n
-            pos = end
-        return min(most, self.number)
-
-    def cut(self, number: int) -> tuple[SizedBodies, SizedBodies]:
-        """The first `number` bodies, and the rest."""
-        size, data, pos = _SIZE.unpack_from, self.data, 0
-        for _ in range(number):
-            pos += 4 + size(data, pos)[0]
-        return SizedBodies(number, data[:pos]), SizedBodies(self.number - number, data[pos:])
+                break
+            pos, n = end, n + 1
+        return SizedBodies(n, data[:pos]), SizedBodies(self.number - n, data[pos:])
 
     def _bodies(self) -> list[bytes]:
         if self._split is None:
@@ -291,6 +284,9 @@ class SizedBodies(Sequence[bytes]):
 
     def __iter__(self) -> Iterator[bytes]:
         return iter(self._bodies())
+
+
+_NONE = SizedBodies(0, b"")
 
 
 def pack_bodies(bodies: Sequence[bytes]) -> bytes:

@@ -307,14 +307,14 @@ def test_sized_bodies_are_sent_as_they_are_and_split_only_for_frames() -> None:
     assert encode_request(Mpub("t", sized), b"#1")[3:] == bodies
     assert list(sized) == bodies
     assert sized[2] == bodies[2]
-    head, rest = sized.cut(3)
+    head, rest = sized.take(3, 10**6)
     assert (list(head), list(rest)) == (bodies[:3], bodies[3:])
     assert list(SizedBodies.join([head, rest])) == bodies
     assert pack_bodies(SizedBodies.join([head, rest])) == pack_bodies(bodies)
     # how many of the first fit a count and a size (each body's 4 bytes included)
-    assert sized.fitting(10, 10**6) == 4
-    assert sized.fitting(2, 10**6) == 2
-    assert (sized.fitting(4, 9), sized.fitting(4, 8), sized.fitting(4, 4)) == (2, 1, 0)
+    assert len(sized.take(10, 10**6)[0]) == 4
+    assert len(sized.take(2, 10**6)[0]) == 2
+    assert [len(sized.take(4, room)[0]) for room in (9, 8, 4)] == [2, 1, 0]
     assert sized.count(b"a") == 1  # (Sequence's count: the number is `number`)
     with pytest.raises(ValueError, match="do not hold 5 sized bodies"):
         list(SizedBodies(5, sized.data))
