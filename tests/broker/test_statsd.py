@@ -3,8 +3,6 @@ same traffic, counters as increases, lines packed into datagrams of the asked si
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import time
 import urllib.request
@@ -17,6 +15,7 @@ from actors.runtime.placement import Placement
 from tests.broker.conftest import broker_options
 from tests.broker.test_http_broker import call
 from tests.lookupd.conftest import Http, free_port, nsq_binary, processes  # noqa: F401
+from tests.procs import frozen
 from tests.runtime.conftest import wait_until
 from transport.statsd import Batch, host_key, prefix_for
 
@@ -144,27 +143,24 @@ def test_counters_go_on_from_their_last_figures_after_a_worker_was_silent(tmp_pa
     sink = Statsd()
     placement = Placement(2)
     on = {placement.node_for(f"topic:t{i}"): f"t{i}" for i in range(100)}
-    quiet, frozen = on["worker-0"], on["worker-1"]
+    quiet, stopped = on["worker-0"], on["worker-1"]
     opts = broker_options(tmp_path / "data", workers=2, statsd_address=sink.address,
                           statsd_interval=1.0, broadcast_address="127.0.0.1")
     try:
         with Broker(opts) as b:
             b.publish(quiet, [b"q"])
-            b.publish(frozen, [b"a", b"b", b"c"])
+            b.publish(stopped, [b"a", b"b", b"c"])
             prefix = f"nsq.127_0_0_1_{b.http_port}."
-            counter = f"topic.{frozen}.message_count"
+            counter = f"topic.{stopped}.message_count"
             sink.push(prefix, f"{counter}:3|c")
             # When worker-1 is frozen for a push or more (its topics are left out)
             (worker,) = [p for p in b.supervisor.ps() if p.name == "worker-1"]
-            os.kill(worker.pid, signal.SIGSTOP)
-            try:
+            with frozen(worker.pid):
                 for _ in range(10):
                     if counter not in sink.push(prefix, f"topic.{quiet}.message_count:0|c"):
                         break
                 else:
                     raise AssertionError("every push had the frozen worker's topic")
-            finally:
-                os.kill(worker.pid, signal.SIGCONT)
             # Then the first push that has its topic again says 0 more, not all 3 again
             for _ in range(10):
                 push = sink.push(prefix, f"topic.{quiet}.message_count:0|c")

@@ -6,13 +6,13 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import psutil
 import pytest
 
 from actors.runtime import EXIT_ESCALATED, AskTimeout, MailboxFull, Supervisor
+from tests.procs import frozen
 from tests.runtime.conftest import wait_until
 from tests.runtime.helpers import FACTORIES, Boom, GetLog, Seq, Whoami
 
@@ -32,27 +32,6 @@ def actor(rt: Supervisor, name: str):
 def restarted(rt: Supervisor, node: str, old_pid: int | None, restarts: int) -> bool:
     info = process(rt, node)
     return info.alive and info.pid != old_pid and info.restarts == restarts
-
-
-def all_threads_stopped(pid: int) -> bool:
-    tasks = os.listdir(f"/proc/{pid}/task")
-    states = []
-    for tid in tasks:
-        with open(f"/proc/{pid}/task/{tid}/stat", encoding="ascii") as f:
-            states.append(f.read().rsplit(")", 1)[1].split()[0])
-    return all(state == "T" for state in states)
-
-
-@contextmanager
-def frozen(pid: int) -> Iterator[None]:
-    """SIGSTOP a node for the duration of the block: alive but unresponsive."""
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        # SIGSTOP is asynchronous: wait until every thread of the node is stopped.
-        wait_until(lambda: all_threads_stopped(pid), what=f"pid {pid} stopped")
-        yield
-    finally:
-        os.kill(pid, signal.SIGCONT)
 
 
 def test_an_actor_that_raises_is_restarted_and_the_restart_is_visible(
