@@ -150,17 +150,19 @@ class ClientTick:
 
 @message
 class ClientHandoff:
-    """The connection subscribed (its loop paused reading after the SUB): hand it to
-    worker `worker`, which holds the channel, once every publish is answered."""
+    """The connection subscribed or first published (its loop paused reading after
+    that command): hand it to worker `worker`, which holds the topic, once every
+    publish is answered."""
 
     worker: int
 
 
 @message
 class ClientAdopted:
-    """This client's connection was handed over by the gateway with its SUB: the
-    state of the client actor there (``msg_timeout_ms``, ``identity``, ``connect_ts``,
-    ``pub_counts``) and the SUB's ``topic`` and ``channel``."""
+    """This client's connection was handed over by the gateway: the state of the
+    client actor there (``msg_timeout_ms``, ``identity``, ``connect_ts``,
+    ``pub_counts``) and, if it was handed over at its SUB, the SUB's ``topic`` and
+    ``channel``."""
 
     state: dict[str, Any]
 
@@ -393,7 +395,8 @@ class ClientActor(Actor):
                 self.identity = dict(state["identity"])
                 self.connect_ts = int(state["connect_ts"])
                 self.pub_counts = dict(state["pub_counts"])
-                self._command(ClientSub(state["topic"], state["channel"]))
+                if "channel" in state:
+                    self._command(ClientSub(state["topic"], state["channel"]))
             case ClientGone():
                 self._leave()
                 self.closed = True
@@ -417,8 +420,8 @@ class ClientActor(Actor):
         conn = connections.lookup(self.name)
         if conn is None or self.closed:
             return
-        # If the hand-off fails, the loop sends the SUB here after all; if it works, the
-        # connection's close (ClientGone) stops this actor.
+        # If the hand-off fails, the loop serves the connection here after all; if it
+        # works, the connection's close (ClientGone) stops this actor.
         conn.hand_off(worker, {"msg_timeout_ms": self.msg_timeout_ms,
                                "identity": self.identity, "connect_ts": self.connect_ts,
                                "pub_counts": self.pub_counts})

@@ -382,7 +382,8 @@ class TcpConnection(_SessionConnection):
             ProtocolError(error[0], error[1], fatal=error[2])))
 
     def hand_off(self, worker: int, state: dict[str, Any]) -> None:
-        """Hand the connection (which offered itself at its SUB) to `worker`."""
+        """Hand the connection (which offered itself at its SUB or first publish) to
+        `worker`."""
         self.server.hand_off(self.session, worker, state)
 
 
@@ -390,9 +391,9 @@ class ProtocolBridge:
     """Turns a session's commands into messages to its `client:<prefix><session>` actor.
 
     With `placement` (the NSQ TCP listener of a broker with workers), a plain
-    connection that subscribes is offered to the worker that holds its channel
-    (``on_handoff``; docs/ARCHITECTURE.md, "Subscribed connections"), and a
-    worker's bridge takes such connections in (``on_adopt``)."""
+    connection that subscribes or first publishes is offered to the worker that holds
+    that topic (``on_handoff``; docs/ARCHITECTURE.md, "Connections served by their
+    topic's worker"), and a worker's bridge takes such connections in (``on_adopt``)."""
 
     def __init__(self, prefix: str, connection: Any, placement: Placement | None = None) -> None:
         self.prefix = prefix
@@ -415,18 +416,19 @@ class ProtocolBridge:
         if msg is not None:
             current_endpoint().tell(name, msg)
 
-    def on_handoff(self, session: str, sub: pc.Sub) -> bool:
-        """A plain connection's SUB: hand it to its channel's worker (True), through its
-        client actor, which first answers the publishes before it."""
+    def on_handoff(self, session: str, command: pc.Sub | pc.Pub | pc.Mpub | pc.Dpub) -> bool:
+        """A plain connection's SUB or first publish: hand it to the worker of that
+        topic (True), through its client actor, which first answers the publishes
+        before it (the offered one included)."""
         if self.placement is None:
             return False
-        node = self.placement.node_for(f"topic:{sub.topic}")
+        node = self.placement.node_for(f"topic:{command.topic}")
         current_endpoint().tell(self._registered(session),
                                 ClientHandoff(int(node.rpartition("-")[2])))
         return True
 
     def on_adopt(self, session: str, state: dict[str, Any]) -> None:
-        """A connection handed over with its SUB (on a worker)."""
+        """A connection handed over (on a worker), with its SUB if it subscribed."""
         current_endpoint().tell(self._registered(session), ClientAdopted(state))
 
     def on_close(self, session: str) -> None:
@@ -526,8 +528,9 @@ class SocketListener(Actor):
         # name must never be one that a channel still holds for a client of the last life.
         life = os.urandom(3).hex()
         zmq = self.protocol == "zmq"
-        # A subscribed NSQ TCP connection is handed to its channel's worker, where it
-        # costs no hop through this process (without AUTH: its checks live here).
+        # An NSQ TCP connection that subscribes or publishes is handed to that topic's
+        # worker, where it costs no hop through this process (without AUTH: its checks
+        # live here).
         handing = not zmq and bool(self.options.workers) and not self.options.auth_http_address
         bridge = ProtocolBridge(f"z{life}." if zmq else f"t{life}.",
                                 ZmqConnection if zmq else TcpConnection,
@@ -565,9 +568,10 @@ class SocketListener(Actor):
 
 
 class HandoffListener(Actor):
-    """`handoff:<i>`, on worker `i`: serves the subscribed NSQ TCP connections the
-    gateway hands over (transport.nsq.handoff), with client actors on this worker
-    (``client:w<i>.<life>.<session>``) beside the channels they read."""
+    """`handoff:<i>`, on worker `i`: serves the NSQ TCP connections the gateway hands
+    over (transport.nsq.handoff) when they subscribe to, or first publish to, a topic
+    of this worker, with client actors on this worker (``client:w<i>.<life>.<session>``)
+    beside the topics and channels they use."""
 
     def __init__(self, name: str, options: BrokerOptions) -> None:
         super().__init__(name)

@@ -120,3 +120,43 @@ def test_a_bad_sub_is_refused_by_the_worker_as_the_gateway_would(broker):
     finally:
         c.close()
     wait_for(lambda: not _clients(broker), what="the client actor to stop")
+
+
+def test_a_publishing_connection_is_served_by_its_topics_worker_in_order(broker):
+    placement = Placement(2)
+    topic = "published"
+    worker = placement.node_for(f"topic:{topic}")
+    other = next(t for t in (f"elsewhere{i}" for i in range(100))
+                 if placement.node_for(f"topic:{t}") != worker)
+    c = Client(broker.tcp_address)
+    try:
+        c.identify(user_agent="pub-handoff/1")
+        # A pipeline in one write: the first PUB offers the connection to its topic's
+        # worker; its OK comes from the gateway, the others' from the worker, in order,
+        # one of them from a topic on the other worker.
+        c.sock.sendall(c.codec.send(pc.Pub(topic, b"1"))
+                       + c.codec.send(pc.Mpub(topic, (b"2", b"3")))
+                       + c.codec.send(pc.Pub(other, b"4"))
+                       + c.codec.send(pc.Pub(topic, b"5")))
+        assert c.frames(4) == [Response(b"OK")] * 4
+        names = _clients(broker)
+        assert list(names.values()) == [worker], names
+        assert broker.topic_stats(topic)["message_count"] == 4
+        assert broker.topic_stats(other)["message_count"] == 1
+        (producer,) = _stats(broker)["producers"]
+        assert producer["user_agent"] == "pub-handoff/1"
+        assert sorted((p["topic"], p["count"]) for p in producer["pub_counts"]) \
+            == [(other, 1), (topic, 4)]
+        # a publisher that was handed over may still subscribe, here to a channel of a
+        # topic on the other worker: the worker's client actor reads it from there
+        c.send(pc.Sub(other, "c"))
+        assert c.frames(1) == [Response(b"OK")]
+        c.send(pc.Rdy(1))
+        (m,) = c.frames(1)
+        assert m.body == b"4"
+        c.send(pc.Fin((m.id,)))
+        wait_for(lambda: broker.topic_stats(other)["channels"][0]["in_flight_count"] == 0,
+                 what="finished from the other worker")
+    finally:
+        c.close()
+    wait_for(lambda: not _clients(broker), what="the worker's client actor to stop")

@@ -107,6 +107,7 @@ __all__ = [
 
 MAGIC = b"  V2"
 _FIN_STATES = states_allowing("FIN")
+_PUBLISHES = (Pub, Mpub, Dpub)
 _FIN_RUN = re.compile(rb"(?:FIN .{16}\n)+", re.DOTALL)  # a run of well-formed FIN lines
 _FIN_ID = re.compile(rb"FIN (.{16})\n", re.DOTALL)
 FRAME_TYPE_RESPONSE = 0
@@ -215,6 +216,9 @@ class ServerConnection:
         """Every command but IDENTIFY is refused (fatally) until ``tls`` is set."""
         self.tls = False
         """The connection was upgraded to TLS (set by the socket loop)."""
+        self.pause_at_publish = False
+        """:meth:`next_events` stops after a PUB, MPUB or DPUB too (set by a socket loop
+        that may hand the connection to its topic's process)."""
         self._phase = _Phase.MAGIC
         self._eof = False
         # the body command being read: its name, topic and delay
@@ -257,9 +261,10 @@ class ServerConnection:
         return event
 
     def next_events(self) -> list[Command | ProtocolError]:
-        """Every event the buffered bytes hold (stops after a fatal error, and after a
-        SUB: the bytes after it stay buffered until the next call, so a socket loop may
-        hand the connection over to another process with them, :meth:`take_buffered`).
+        """Every event the buffered bytes hold (stops after a fatal error, after a SUB,
+        and after a publish while :attr:`pause_at_publish` is set: the bytes after it
+        stay buffered until the next call, so a socket loop may hand the connection over
+        to another process with them, :meth:`take_buffered`).
 
         Runs of well-formed ``FIN <id>`` lines -- a consumer acking a batch,
         the commonest traffic there is -- come out as one :class:`Fin` with
@@ -277,7 +282,7 @@ class ServerConnection:
             if isinstance(event, Sentinel):
                 return events
             events.append(event)
-            if type(event) is Sub:
+            if type(event) is Sub or (self.pause_at_publish and type(event) in _PUBLISHES):
                 return events
 
     def _fast_fins(self) -> list[bytes]:
@@ -295,14 +300,16 @@ class ServerConnection:
 
     @classmethod
     def resumed(cls, limits: Limits, server: ServerInfo, settings: IdentifySettings,
-                buffered: bytes) -> ServerConnection:
-        """A connection that another process decoded up to and including its SUB (the
-        hand-off of a subscribed connection, transport.nsq.handoff): past the magic,
-        subscribed, with that connection's IDENTIFY settings and its unparsed bytes."""
+                buffered: bytes, *, subscribed: bool = True) -> ServerConnection:
+        """A connection that another process decoded up to and including its SUB or a
+        publish (the hand-off of a connection, transport.nsq.handoff): past the magic,
+        subscribed or not, with that connection's IDENTIFY settings and its unparsed
+        bytes."""
         conn = cls(limits, server)
         conn.settings = settings
         conn.state.heartbeats = settings.heartbeat_interval > 0
-        conn.state.apply(Sub("", ""))
+        if subscribed:
+            conn.state.apply(Sub("", ""))
         conn._phase = _Phase.LINE
         conn._buf += buffered
         return conn

@@ -145,9 +145,12 @@ class _Conn(BaseConn):
         else:
             self.codec = ServerConnection.resumed(
                 server.limits, server.info, IdentifySettings(**resume["settings"]),
-                resume["buffered"])
+                resume["buffered"], subscribed="channel" in resume)
+        # the first publish offers the connection to its topic's process
+        self.codec.pause_at_publish = server.handoff is not None
         self.heartbeat_s = self.codec.settings.heartbeat_interval / 1000
-        self.handing: Sub | None = None  # the SUB whose connection is being handed over
+        # the SUB or publish whose connection is being handed over
+        self.handing: Sub | Pub | Mpub | Dpub | None = None
         self.heard = 0.0
         self.codec.tls_required = server.tls_required
         self.held: list[bytes] | None = None  # writes waiting for the TLS handshake
@@ -197,7 +200,8 @@ class _Conn(BaseConn):
         self._feed_buffered()
 
     def _feed_buffered(self) -> None:
-        # (next_events stops after a SUB, which may hand this connection over)
+        # (next_events stops after a SUB or the first publish, which may hand this
+        # connection over)
         while not (self.closed or self.switched or self.handing):
             events = self.codec.next_events()
             if not events:
@@ -256,42 +260,52 @@ class _Conn(BaseConn):
                     return
                 if type(event) is Sub and self._offer(event):
                     return
+        self._command(event)
+        if self.codec.pause_at_publish and type(event) in (Pub, Mpub, Dpub):
+            # after the publish: its client actor answers it before the hand-off
+            self.codec.pause_at_publish = False
+            self._offer(event)
+
+    def _command(self, event: Any) -> None:
         try:
             self.server.handler.on_command(self.name, None, event)
         except Exception:  # a broken handler must not take the listener down
             log.exception("tcp handler failed on %s from %s", type(event).__name__, self.name)
 
-    # -- hand-off of a subscribed connection (transport.nsq.handoff) -------------------
+    # -- hand-off of a connection (transport.nsq.handoff) -----------------------------
 
-    def _offer(self, sub: Sub) -> bool:
-        """Offer the connection to the process that holds `sub`'s channel: only a plain
-        one (TLS, compression and AUTH stay with this loop, which keeps their state).
+    def _offer(self, event: Sub | Pub | Mpub | Dpub) -> bool:
+        """Offer the connection to the process that holds `event`'s topic (a SUB's
+        channel, or the topic of the connection's first publish): only a plain one
+        (TLS, compression and AUTH stay with this loop, which keeps their state).
         True: the handler took the offer; reading pauses until :meth:`hand_off`."""
         server = self.server
         if (server.handoff is None or server.auth is not None or self.codec.tls
                 or self.compress is not None or self.held is not None
-                or self.transport is None):
+                or self.transport is None or self.handing is not None):
             return False
         offer = getattr(server.handler, "on_handoff", None)
-        if offer is None or not offer(self.name, sub):
+        if offer is None or not offer(self.name, event):
             return False
-        self.handing = sub
+        self.handing = event
         self.transport.pause_reading()
         return True
 
     def hand_off(self, index: int, state: dict[str, Any]) -> None:
         """On the loop: send this connection to receiver `index` once everything written
         to it has left (its OKs come before the new owner's), with `state` (the client
-        actor's part) and the decoder's; if that fails, serve the SUB here after all."""
-        sub, transport = self.handing, self.transport
-        if self.closed or sub is None or transport is None:
+        actor's part) and the decoder's; if that fails, serve it here after all (a
+        SUB offered is handled now; a publish offered was handled already)."""
+        event, transport = self.handing, self.transport
+        if self.closed or event is None or transport is None:
             return
         if transport.get_write_buffer_size():
             self.server.loop.call_later(0.002, self.hand_off, index, state)
             return
         buffered = self.codec.take_buffered()
-        full = {**state, "settings": asdict(self.codec.settings), "buffered": buffered,
-                "topic": sub.topic, "channel": sub.channel}
+        full = {**state, "settings": asdict(self.codec.settings), "buffered": buffered}
+        if type(event) is Sub:
+            full.update(topic=event.topic, channel=event.channel)
         sock = transport.get_extra_info("socket")
         assert self.server.handoff is not None
         if sock is not None and self.server.handoff.send(index, sock.fileno(), full):
@@ -300,10 +314,8 @@ class _Conn(BaseConn):
         self.handing = None
         if buffered:
             self.codec.receive_data(buffered)
-        try:
-            self.server.handler.on_command(self.name, None, sub)
-        except Exception:
-            log.exception("tcp handler failed on SUB from %s", self.name)
+        if type(event) is Sub:
+            self._command(event)
         transport.resume_reading()
         self._feed_buffered()
 
@@ -654,7 +666,8 @@ class LoopServer:
 
     def hand_off(self, session: str, index: int, state: dict[str, Any]) -> None:
         """From any thread, after the writes queued before it: hand the connection that
-        offered itself (its SUB, ``handler.on_handoff``) to receiver `index`."""
+        offered itself (its SUB or first publish, ``handler.on_handoff``) to receiver
+        `index`."""
         conn = self.conns.get(session)
         if conn is not None:
             self._post(conn, (index, state))

@@ -40,6 +40,25 @@ def test_the_decoder_stops_after_a_sub_and_hands_over_what_follows_it():
     assert "cannot SUB in current state" in str(error)
 
 
+def test_the_decoder_can_stop_after_a_publish_and_resume_unsubscribed():
+    limits = Limits()
+    codec = ServerConnection(limits)
+    body = struct.pack(">i", 2) + b"hi"
+    codec.receive_data(b"  V2PUB t\n" + body + b"PUB t\n" + body)
+    assert codec.next_events() == [pc.Pub("t", b"hi"), pc.Pub("t", b"hi")]  # by default
+    codec = ServerConnection(limits)
+    codec.pause_at_publish = True
+    codec.receive_data(b"  V2PUB t\n" + body + b"SUB t c\nRDY 1\n")
+    assert codec.next_events() == [pc.Pub("t", b"hi")]  # the rest waits
+    rest = codec.take_buffered()
+    assert rest == b"SUB t c\nRDY 1\n"
+
+    resumed = ServerConnection.resumed(limits, codec.server, codec.settings, rest,
+                                       subscribed=False)
+    assert resumed.next_events() == [pc.Sub("t", "c")]  # not subscribed yet
+    assert resumed.next_events() == [pc.Rdy(1)]
+
+
 def test_a_socket_and_its_state_travel_in_one_datagram(tmp_path):
     receiver = Receiver(socket_path(str(tmp_path), 0))
     sender = Sender([receiver.path, str(tmp_path / "nobody.sock")])
@@ -62,9 +81,10 @@ def test_a_socket_and_its_state_travel_in_one_datagram(tmp_path):
 
 
 class Handler:
-    """Records what a loop hands the broker; ``offer`` says whether SUBs are handed over."""
+    """Records what a loop hands the broker; ``offer``: the commands whose connection it
+    hands over."""
 
-    def __init__(self, offer: bool) -> None:
+    def __init__(self, offer: tuple[type, ...]) -> None:
         self.offer = offer
         self.server: TcpServer | None = None
         self.commands: list = []
@@ -76,11 +96,13 @@ class Handler:
         self.commands.append(command)
         self.event.set()
 
-    def on_handoff(self, session, sub) -> bool:
-        if self.offer:
-            assert self.server is not None
-            self.server.hand_off(session, 0, {"who": "actor", "sub": [sub.topic, sub.channel]})
-        return self.offer
+    def on_handoff(self, session, command) -> bool:
+        if type(command) not in self.offer:
+            return False
+        assert self.server is not None
+        self.server.hand_off(session, 0, {"who": "actor", "offered": type(command).__name__,
+                                          "on": command.topic})
+        return True
 
     def on_adopt(self, session, state) -> None:
         self.adopted.append((session, state))
@@ -120,7 +142,7 @@ def _frames(sock: socket.socket, n: int) -> list[bytes]:
 def loops(tmp_path):
     """A gateway loop (listening, handing SUBs to receiver 0) and a worker loop
     (adopting from receiver 0)."""
-    gateway_handler, worker_handler = Handler(offer=True), Handler(offer=False)
+    gateway_handler, worker_handler = Handler(offer=(pc.Sub,)), Handler(offer=())
     receiver = Receiver(socket_path(str(tmp_path), 0))
     sender = Sender([receiver.path])
     gateway = TcpServer("127.0.0.1", 0, gateway_handler, limits=Limits(), handoff=sender)
@@ -148,7 +170,7 @@ def test_a_subscribed_connection_moves_with_its_settings_and_the_bytes_after_its
         assert [type(c) for c in gw.commands] == [pc.Identify, pc.Pub]  # not the SUB
         ((session, state),) = wk.adopted
         assert state["who"] == "actor"
-        assert state["sub"] == ["t", "c"]
+        assert state["offered"] == "Sub"
         assert state["topic"] == "t"
         assert state["channel"] == "c"
         assert state["settings"]["heartbeat_interval"] == 7000
@@ -182,3 +204,26 @@ def test_a_hand_off_that_cannot_be_sent_leaves_the_connection_with_the_gateway(l
         assert gateway.sessions() == 1
     finally:
         client.close()
+
+
+def test_a_publishing_connection_moves_after_its_first_publish_with_what_follows(loops):
+    port, gateway, gw, worker, wk, _receiver = loops
+    gw.offer = (pc.Pub, pc.Mpub, pc.Dpub, pc.Sub)  # a broker hands publishers over too
+    client = socket.create_connection(("127.0.0.1", port), timeout=10)
+    try:
+        mpub = struct.pack(">ii", 14, 2) + struct.pack(">i", 1) + b"x" + struct.pack(">i", 1) + b"y"
+        client.sendall(b"  V2PUB t\n" + struct.pack(">i", 3) + b"abc"
+                       + b"MPUB u\n" + mpub + b"SUB u c\n")
+        _wait(lambda: wk.adopted and gw.closed, "the hand-off")
+        assert gw.commands == [pc.Pub("t", b"abc")]  # the publish that offered it, only
+        ((_, state),) = wk.adopted
+        assert state["offered"] == "Pub"
+        assert "channel" not in state  # not subscribed: the worker's decoder takes a SUB
+        _wait(lambda: len(wk.commands) == 2, "the MPUB and SUB after it, on the worker")
+        assert wk.commands == [pc.Mpub("u", (b"x", b"y")), pc.Sub("u", "c")]
+        assert _frames(client, 1) == [b"OK"]  # what the worker's handler wrote on adopting
+        assert gateway.sessions() == 0
+        assert worker.sessions() == 1
+    finally:
+        client.close()
+    _wait(lambda: wk.closed, "the worker hearing the close")
