@@ -258,8 +258,10 @@ class _Conn(BaseConn):
             case Pub(topic=topic) | Mpub(topic=topic) | Dpub(topic=topic) | Sub(topic=topic):
                 if self.server.auth is not None and not self._authorized(event, topic):
                     return
-                if type(event) is Sub and self._offer(event):
-                    return
+                if type(event) is Sub:
+                    self.codec.pause_at_publish = False  # the SUB says where it goes
+                    if self._offer(event):
+                        return
         self._command(event)
         if self.codec.pause_at_publish and type(event) in (Pub, Mpub, Dpub):
             # after the publish: its client actor answers it before the hand-off
