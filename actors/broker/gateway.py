@@ -256,14 +256,11 @@ class GatewayFacade:
 
     def health(self) -> str | None:
         """None if a publish can be taken: no storage failure since the last good
-        publish, the NSQ TCP and ZeroMQ listeners are listening, every worker's actors
-        answer the gateway (a scanner each, through its dispatcher) within a second,
-        and no queue has failed (an fsync error); else why not.  (The listeners start
-        beside the HTTP one: a /ping answered OK before the TCP port was bound sent a
-        client straight into "connection refused".)"""
-        reason = health.reason()
-        if reason is not None:
-            return reason
+        publish (in any process), the NSQ TCP and ZeroMQ listeners are listening,
+        every worker's actors answer the gateway (a scanner each, through its
+        dispatcher) within a second, and no queue has failed (an fsync error); else
+        why not.  (The listeners start beside the HTTP one: a /ping answered OK before
+        the TCP port was bound sent a client straight into "connection refused".)"""
         listeners = ["listener:tcp", "listener:zmq"]
         scanners = [f"scanner:{i}" for i in range(self.placement.workers)]
         replies = current_endpoint().ask_many(
@@ -274,14 +271,17 @@ class GatewayFacade:
                 return f"{name} does not answer: {reply}"
             if reply.get("error"):
                 return str(reply["error"])
+        outcomes = [health.last_publish()]
         for name, reply in zip(scanners, replies[len(listeners):], strict=True):
             if isinstance(reply, Exception):
                 node = self.placement.node_for(name)
                 return f"{node} does not answer: {reply}"
-            if reply:  # queues of that worker whose fsync failed: they take no writes
+            failed, last_publish = reply
+            if failed:  # queues of that worker whose fsync failed: they take no writes
                 return "; ".join(f"{queue}: {DISK_FAILED} - {why}"
-                                 for queue, why in sorted(reply.items()))
-        return None
+                                 for queue, why in sorted(failed.items()))
+            outcomes.append(tuple(last_publish))
+        return health.latest_reason(outcomes)
 
     def info(self) -> dict[str, Any]:
         o = self.options

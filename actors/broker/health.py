@@ -1,10 +1,14 @@
 """The broker's health, as nsqd's ``/ping`` reports it.
 
-Every publish goes through the gateway (client actors and the HTTP facade),
-so the gateway sees storage failures: a publish answered ``E_PUB_FAILED``
-(disk full, a failing disk) marks the broker unhealthy, and the next publish
-that succeeds marks it healthy again -- nsqd's ``SetHealth`` on backend
-write errors.  Plain module state: one gateway process, GIL-atomic updates.
+A publish answered ``E_PUB_FAILED`` (disk full, a failing disk) marks the
+broker unhealthy, and the next publish that succeeds marks it healthy again --
+nsqd's ``SetHealth`` on backend write errors.  Publishes are answered in the
+gateway (the HTTP facade, ZeroMQ sessions, NSQ TCP connections it keeps) and
+in the workers (the NSQ TCP connections handed to them), so each process
+keeps the time and outcome of the last publish it answered, and the gateway's
+``/ping`` takes the latest of them all (the workers' through their scanners'
+`Alive` answers; one clock, ``CLOCK_MONOTONIC``, for the processes of a
+host).  Plain module state, GIL-atomic updates.
 
 A queue whose fsync failed takes no more writes until the broker restarts
 (`storage.DiskFailedError`): its disk-queue actor records it here, in its
@@ -15,21 +19,31 @@ for as long as the process lives, whatever later publishes elsewhere do.
 
 from __future__ import annotations
 
-_reason: str | None = None
+import time
+
+_last: tuple[float, str | None] = (0.0, None)
 
 
 def record_publish(error: tuple[str, str, bool] | None) -> None:
     """Note a publish's outcome (None = it succeeded)."""
-    global _reason  # noqa: PLW0603 - the gateway's one health flag
+    global _last  # noqa: PLW0603 - this process's one health flag
     if error is None:
-        _reason = None
+        _last = (time.monotonic(), None)
     elif error[0] == "E_PUB_FAILED":
-        _reason = error[1]
+        _last = (time.monotonic(), error[1])
 
 
-def reason() -> str | None:
-    """None when healthy, else why not (for ``/ping``: ``NOK - <reason>``)."""
-    return _reason
+def last_publish() -> tuple[float, str | None]:
+    """When this process last answered a publish (``time.monotonic()``; 0: never), and
+    why it was refused if storage failed it (None: stored, or refused for a reason
+    that says nothing of the broker's health)."""
+    return _last
+
+
+def latest_reason(outcomes: list[tuple[float, str | None]]) -> str | None:
+    """Of the processes' :func:`last_publish` outcomes, the latest's reason: None when
+    healthy, else why not (for ``/ping``: ``NOK - <reason>``)."""
+    return max(outcomes, key=lambda outcome: outcome[0])[1]
 
 
 _failed_queues: dict[str, str] = {}

@@ -343,7 +343,8 @@ class ScanDone:
 class Alive:
     """Ask a scanner: answered by its worker's dispatcher -- `/ping`'s probe of the
     path from the gateway to the worker's actors -- with the worker's failed queues
-    (``{queue: why}``, see `actors.broker.health`), or None."""
+    (``{queue: why}``) and its last publish's outcome (``(when, why)``), see
+    `actors.broker.health`."""
 
 
 @message

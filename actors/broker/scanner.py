@@ -115,7 +115,7 @@ class ScannerActor(Actor):
     def on_receive(self, msg: Any) -> Any:
         match msg:
             case Alive():
-                return health.failed_queues() or None
+                return health.failed_queues(), health.last_publish()
             case Swept():
                 return sorted(self.channels)
             case ScanRegister(channel=channel):

@@ -180,7 +180,7 @@ def test_a_queue_whose_fsync_failed_refuses_publishes_and_reports_itself_to_ping
     # And its worker's scanner reports it to /ping for the process's life, a new life
     # of the actor (reopening the files) included
     scanner = ScannerActor("scanner:0", options)
-    assert "Input/output error" in scanner.on_receive(Alive())["t"]
+    assert "Input/output error" in scanner.on_receive(Alive())[0]["t"]
     a.on_stop()
     b = DiskQueueActor("diskqueue:t", options)
     b.tell = lambda name, msg: told.append((name, msg))  # type: ignore[method-assign]
