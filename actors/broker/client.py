@@ -123,13 +123,15 @@ class ClientTouch:
 
 @message
 class ClientPub:
-    """PUB / MPUB / DPUB from the client; answered OK or with an error, in order."""
+    """PUB / MPUB / DPUB from the client; answered OK or with an error, in order
+    (`answers` times: PUBs of one read, gathered, are stored as one)."""
 
     topic: str
     bodies: list[bytes]
     defer_ms: int = 0
     corr: bytes | None = None
     tag: str = ""
+    answers: int = 1
 
 
 @message
@@ -202,8 +204,8 @@ class ClientActor(Actor):
         self.outbox: deque[tuple[Any, ...]] = deque()
         self.closed = False
         self.pub_seq = 0
-        # waiting answers, in order: (seq, corr, when sent)
-        self.pubs: deque[tuple[int, bytes | None, float]] = deque()
+        # waiting answers, in order: (seq, corr, when sent, how many)
+        self.pubs: deque[tuple[int, bytes | None, float, int]] = deque()
         self.pub_done: dict[int, Any] = {}
         self.pub_topics: dict[int, tuple[str, int]] = {}  # seq -> (topic, messages)
         self.pub_counts: dict[str, int] = {}  # topic -> messages published (answered OK)
@@ -375,11 +377,12 @@ class ClientActor(Actor):
             case ClientTouch(id=msg_id):
                 self._require_sub("TOUCH")
                 self.tell(self.channel, Touch(self.name, msg_id))
-            case ClientPub(topic=topic, bodies=bodies, defer_ms=defer_ms, corr=corr, tag=tag):
+            case ClientPub(topic=topic, bodies=bodies, defer_ms=defer_ms, corr=corr, tag=tag,
+                           answers=answers):
                 if not is_valid_topic_name(topic):
                     raise bad_topic(topic, "DPUB" if defer_ms else "PUB")
                 self.pub_seq += 1
-                self.pubs.append((self.pub_seq, corr, self.clock()))
+                self.pubs.append((self.pub_seq, corr, self.clock(), answers))
                 self.pub_topics[self.pub_seq] = (topic, len(bodies))
                 self._expire_publishes()
                 self.publishing.setdefault(f"topic:{topic}", []).append(
@@ -444,21 +447,31 @@ class ClientActor(Actor):
                                   f"{PUBLISH_TIMEOUT:g}s", fatal=True), corr)
 
     def _answer_publishes(self) -> None:
+        oks: list[bytes | None] = []  # answered with one write
         while self.pubs and self.pubs[0][0] in self.pub_done:
-            seq, corr, _ = self.pubs.popleft()
+            seq, corr, _, answers = self.pubs.popleft()
             error = self.pub_done.pop(seq)
             topic, count = self.pub_topics.pop(seq, ("", 0))
             if error is None and topic:
                 self.pub_counts[topic] = self.pub_counts.get(topic, 0) + count
-            if error is not None:
-                self._error(BrokerError(error[1], fatal=error[2], code=error[0]), corr)
+            if error is None:
+                oks.extend([corr] * answers)
                 continue
-            conn = connections.lookup(self.name)
-            if conn is not None:
-                conn.respond(corr, None)
-            else:
-                self.outbox.append(("ok", corr))
+            self._respond_oks(oks)
+            oks = []
+            for _ in range(1 if error[2] else answers):  # (a fatal one closes)
+                self._error(BrokerError(error[1], fatal=error[2], code=error[0]), corr)
+        self._respond_oks(oks)
         self._hand_off()
+
+    def _respond_oks(self, corrs: list[bytes | None]) -> None:
+        if not corrs:
+            return
+        conn = connections.lookup(self.name)
+        if conn is not None:
+            conn.respond_oks(corrs)
+        else:
+            self.outbox.extend(("ok", corr) for corr in corrs)
 
     def _stats_info(self) -> dict[str, Any]:
         """What the channel shows of this client in /stats, with nsqd's fields and types

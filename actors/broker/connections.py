@@ -25,6 +25,9 @@ class Connection(Protocol):
                 payload: bytes | None = None) -> None:
         """Answer a request: OK (with an optional payload) or its error."""
 
+    def respond_oks(self, corrs: list[bytes | None]) -> None:
+        """Answer several requests OK, in order, with one write where the protocol can."""
+
     def error(self, error: Wire) -> None:
         """Send an error that answers no particular request (E_FIN_FAILED, ...)."""
 

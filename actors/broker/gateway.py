@@ -336,6 +336,10 @@ class _SessionConnection:
     def close(self) -> None:
         self.server.drop(self.session)
 
+    def respond_oks(self, corrs: list[bytes | None]) -> None:
+        for corr in corrs:
+            self.respond(corr, None)
+
     @property
     def remote_address(self) -> str:
         return str(self.server.peer(self.session))
@@ -376,6 +380,9 @@ class TcpConnection(_SessionConnection):
             self.server.send(self.session, nsq_codec.encode_response(payload or b"OK"))
         else:
             self.error(error)
+
+    def respond_oks(self, corrs: list[bytes | None]) -> None:
+        self.server.send(self.session, nsq_codec.OK_FRAME * len(corrs))
 
     def error(self, error: Any) -> None:
         self.server.send(self.session, nsq_codec.encode_error(
@@ -450,6 +457,8 @@ def to_client_message(command: Any, corr: bytes | None) -> Any:
             return ClientPub(topic, [body], 0, corr, tag)
         case pc.Mpub(topic=topic, bodies=bodies, tag=tag):
             return ClientPub(topic, list(bodies), 0, corr, tag)
+        case pc.Pubs(topic=topic, bodies=bodies):
+            return ClientPub(topic, list(bodies), 0, corr, answers=len(bodies))
         case pc.Dpub(topic=topic, delay_ms=delay_ms, body=body, tag=tag):
             return ClientPub(topic, [body], delay_ms, corr, tag)
         case pc.Sub(topic=topic, channel=channel):

@@ -42,6 +42,32 @@ def test_publishes_are_answered_in_request_order(client):
     assert list(actor.outbox) == [("ok", b"#1"), ("ok", b"#2")]
 
 
+def test_pubs_gathered_from_one_read_are_each_answered_and_a_storage_failure_each_refused(
+        client):
+    actor, _, sent = client
+    # Given three PUBs of one read, gathered (answers=3), between an MPUB and a PUB
+    actor.on_receive(ClientPub("a", [b"m1", b"m2"], corr=b"#1"))
+    actor.on_receive(ClientPub("a", [b"1", b"2", b"3"], corr=b"#2", answers=3))
+    actor.on_receive(ClientPub("a", [b"4"], corr=b"#3"))
+    actor.on_batch_end()
+    (_, publishes), = sent
+    assert [p.bodies for p in publishes] == [[b"m1", b"m2"], [b"1", b"2", b"3"], [b"4"]]
+    # When all are stored, Then five answers, in order, and the topic counts six messages
+    actor.on_receive(PublishDone(3, None))
+    actor.on_receive(PublishDone(2, None))
+    actor.on_receive(PublishDone(1, None))
+    assert list(actor.outbox) == [("ok", b"#1"), ("ok", b"#2"), ("ok", b"#2"), ("ok", b"#2"),
+                                  ("ok", b"#3")]
+    assert actor.pub_counts == {"a": 6}
+    # And when gathered PUBs fail in storage (E_PUB_FAILED is not fatal), each is refused
+    actor.outbox.clear()
+    actor.on_receive(ClientPub("a", [b"5", b"6"], corr=b"#4", answers=2))
+    actor.on_batch_end()
+    actor.on_receive(PublishDone(4, ("E_PUB_FAILED", "PUB failed: disk full", False)))
+    assert [(kind, wire[0]) for kind, wire in actor.outbox] == [("error", "E_PUB_FAILED")] * 2
+    assert not actor.closed
+
+
 def test_the_publishes_of_one_run_reach_each_topic_as_one_envelope_before_later_commands(
         client):
     actor, _, sent = client

@@ -76,6 +76,7 @@ from transport.protocol.commands import (
     Mpub,
     Nop,
     Pub,
+    Pubs,
     Sub,
 )
 from transport.protocol.identify import IdentifySettings, ServerInfo
@@ -209,8 +210,15 @@ class _Conn(BaseConn):
             self._run(events)
 
     def _run(self, events: list[Any]) -> None:
-        """Handle `events` in order; while the auth server is asked, they wait."""
-        fins: list[bytes] = []  # consecutive FINs of one read go to the broker as one
+        """Handle `events` in order; while the auth server is asked, they wait.
+
+        Consecutive FINs of one read go to the broker as one `Fin`, and consecutive
+        PUBs to one topic as one `Pubs` (without AUTH: its checks are each command's;
+        nor while the first publish may hand the connection over)."""
+        fins: list[bytes] = []
+        pubs: list[bytes] = []
+        topic = ""
+        gather = self.server.auth is None
         for i, event in enumerate(events):
             if self.closed or self.switched:
                 return
@@ -218,18 +226,40 @@ class _Conn(BaseConn):
                 self.waiting.extend([Fin(tuple(fins))] if fins else [])
                 self.waiting.extend(events[i:])
                 return
-            if isinstance(event, Fin):
+            kind = type(event)
+            if kind is Fin:
+                if pubs:
+                    self._pubs(topic, pubs)
+                    pubs = []
                 fins.extend(event.ids)
                 continue
             if fins:
                 self._event(Fin(tuple(fins)))
                 fins = []
+            if kind is Pub and gather and not event.tag and not self.codec.pause_at_publish:
+                if pubs and event.topic != topic:
+                    self._pubs(topic, pubs)
+                    pubs = []
+                topic = event.topic
+                pubs.append(event.body)
+                continue
+            if pubs:
+                self._pubs(topic, pubs)
+                pubs = []
             self._event(event)
+        if pubs and not self.closed:
+            self._pubs(topic, pubs)
         if fins and not self.closed:
             if self.waiting is not None:
                 self.waiting.append(Fin(tuple(fins)))
             else:
                 self._event(Fin(tuple(fins)))
+
+    def _pubs(self, topic: str, bodies: list[bytes]) -> None:
+        if len(bodies) == 1:
+            self._event(Pub(topic, bodies[0]))
+        else:
+            self._command(Pubs(topic, tuple(bodies)))
 
     # -- events -----------------------------------------------------------------
 

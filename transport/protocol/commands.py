@@ -101,6 +101,16 @@ class Mpub:
 
 
 @frozen(slots=True)
+class Pubs:
+    """PUBs that came one after the other in one read, to one topic: not a command
+    of the wire, but how a socket loop hands them on together (each is answered on
+    its own; they are stored together, as an MPUB's messages are)."""
+
+    topic: str
+    bodies: tuple[bytes, ...]
+
+
+@frozen(slots=True)
 class Dpub:
     """DPUB: publish one message that becomes visible after ``delay_ms``; TDPUB over
     ZeroMQ, with a tag."""
