@@ -517,19 +517,14 @@ class SocketListener(Actor):
         from transport.nsq.server import TcpServer  # noqa: PLC0415
 
         host, port = split_address(self.options.tcp_address)
-        context = tls.context_for(self.options)
         o = self.options
         if bridge.placement is not None:
             run_dir = current_endpoint().run_dir  # (run_dir_for(o.data_path))
             self.handoff = handoff.Sender([handoff.socket_path(run_dir, i)
                                            for i in range(bridge.placement.workers)])
         return TcpServer(host, port, bridge, limits=limits, handoff=self.handoff,
-                         info=replace(info, tls_v1=context is not None, deflate=o.deflate,
-                                      snappy=o.snappy, max_deflate_level=o.max_deflate_level,
-                                      auth_required=bool(o.auth_http_address)),
-                         ssl_context=context, tls_required=o.tls_mode != "false",
                          auth=AuthServers(o.auth_http_address, o.auth_http_request_method)
-                         if o.auth_http_address else None)
+                         if o.auth_http_address else None, **tcp_features(o))
 
     def on_start(self) -> None:
         # Client actor names carry this listener's life (a random token): the sessions
@@ -576,6 +571,18 @@ class SocketListener(Actor):
         return None
 
 
+def tcp_features(o: BrokerOptions) -> dict[str, Any]:
+    """What an NSQ TCP loop offers its clients (IDENTIFY's answer, TLS): the same on
+    the gateway's and on the workers' loops, so that a connection handed over at its
+    first publish, which may still IDENTIFY, is answered as the gateway would."""
+    context = tls.context_for(o)
+    return {"info": ServerInfo(version=__version__, tls_v1=context is not None,
+                               deflate=o.deflate, snappy=o.snappy,
+                               max_deflate_level=o.max_deflate_level,
+                               auth_required=bool(o.auth_http_address)),
+            "ssl_context": context, "tls_required": o.tls_mode != "false"}
+
+
 class HandoffListener(Actor):
     """`handoff:<i>`, on worker `i`: serves the NSQ TCP connections the gateway hands
     over (transport.nsq.handoff) when they subscribe to, or first publish to, a topic
@@ -593,8 +600,7 @@ class HandoffListener(Actor):
 
         o = self.options
         bridge = ProtocolBridge(f"w{self.index}.{os.urandom(3).hex()}.", TcpConnection)
-        server = TcpServer(None, 0, bridge, limits=Limits.from_options(o),
-                           info=ServerInfo(version=__version__))
+        server = TcpServer(None, 0, bridge, limits=Limits.from_options(o), **tcp_features(o))
         bridge.server = server
         server.start()
         try:

@@ -160,3 +160,23 @@ def test_a_publishing_connection_is_served_by_its_topics_worker_in_order(broker)
     finally:
         c.close()
     wait_for(lambda: not _clients(broker), what="the worker's client actor to stop")
+
+
+def test_a_publisher_handed_over_may_still_identify_and_is_answered_as_by_the_gateway(broker):
+    features = {"deflate": True, "deflate_level": 6, "snappy": False}
+    first = Client(broker.tcp_address)
+    try:
+        on_gateway = first.identify(**features)  # (before any publish: on the gateway)
+    finally:
+        first.close()
+    c = Client(broker.tcp_address)
+    try:
+        c.send(pc.Pub("identified", b"x"))
+        assert c.frames(1) == [Response(b"OK")]
+        wait_for(lambda: list(_clients(broker).values()) == [
+            Placement(2).node_for("topic:identified")], what="the hand-off")
+        answer = c.identify(**features)  # nsqd allows IDENTIFY until SUB
+        assert answer == on_gateway
+        assert answer["deflate"] is True
+    finally:
+        c.close()

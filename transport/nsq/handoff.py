@@ -16,7 +16,9 @@ sees nothing but a faster broker.
 Datagrams on a Unix socket are reliable and keep their boundaries, so one
 ``sendmsg`` is one hand-off; a receiver that is not there (its worker is
 restarting) makes the send fail at once, and the gateway keeps serving the
-connection itself.
+connection itself.  The send never blocks the gateway's loop: a receiver
+whose queue is full (its worker is busy) answers :data:`BUSY`, and the loop
+tries again a little later.
 """
 
 from __future__ import annotations
@@ -34,7 +36,12 @@ log = logging.getLogger(__name__)
 
 MAX_STATE = 1 << 20
 """Largest state datagram (the unparsed bytes are at most one read's worth plus a
-command: IDENTIFY and SUB lines, a few RDYs)."""
+command: IDENTIFY and SUB lines, a few RDYs; a state larger than the socket's send
+buffer fails, and the connection stays where it is)."""
+
+SENT, BUSY, FAILED = "sent", "busy", "failed"
+"""What :meth:`Sender.send` says: handed over; the receiver's queue is full (try
+again); cannot be sent (serve the connection here)."""
 
 
 def socket_path(run_dir: str, index: int) -> str:
@@ -45,25 +52,27 @@ def socket_path(run_dir: str, index: int) -> str:
 class Sender:
     """The gateway's end: one unbound datagram socket for every receiver."""
 
-    def __init__(self, paths: list[str], timeout: float = 1.0) -> None:
+    def __init__(self, paths: list[str]) -> None:
         self.paths = paths
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.settimeout(timeout)  # a receiver whose queue is full: give up, serve here
+        self.sock.setblocking(False)  # (it runs on the gateway's loop)
 
-    def send(self, index: int, fd: int, state: dict[str, Any]) -> bool:
+    def send(self, index: int, fd: int, state: dict[str, Any]) -> str:
         """Hand socket ``fd`` (a duplicate is sent; the caller keeps and closes its own)
-        to receiver ``index``; False if it could not be sent."""
+        to receiver ``index``: :data:`SENT`, :data:`BUSY` or :data:`FAILED`."""
         data = msgpack.packb(state, use_bin_type=True)
         if len(data) > MAX_STATE or not 0 <= index < len(self.paths):
-            return False
+            return FAILED
         try:
             # (socket.send_fds ignores its address in Python 3.11: sendmsg itself)
             self.sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                         array.array("i", [fd]))], 0, self.paths[index])
-        except OSError as e:  # not there (restarting), full, or gone
+        except BlockingIOError:
+            return BUSY
+        except OSError as e:  # not there (restarting), too large, or gone
             log.info("hand-off to %s failed: %s", self.paths[index], e)
-            return False
-        return True
+            return FAILED
+        return SENT
 
     def close(self) -> None:
         self.sock.close()

@@ -65,7 +65,7 @@ from transport.nsq.codec import (
     encode_identify_response,
     encode_response,
 )
-from transport.nsq.handoff import Receiver, Sender
+from transport.nsq.handoff import BUSY, SENT, Receiver, Sender
 from transport.protocol.commands import (
     Auth,
     Cls,
@@ -88,6 +88,16 @@ log = logging.getLogger(__name__)
 _sessions = itertools.count(1)
 
 HANDSHAKE_TIMEOUT = 5.0
+
+HANDOFF_DEADLINE = 30.0
+"""Seconds a connection offered for a hand-off may wait, unread, for it: the client
+actor's publishes unanswered that long mean their topic's worker is gone (with
+heartbeats, the actor fails them after 10 s itself), or the client reads nothing of
+what it is owed; then the connection is closed."""
+
+HANDOFF_BUSY_FOR = 1.0
+"""Seconds a hand-off is tried again while its receiver's queue is full, before the
+connection is served where it is."""
 """Seconds a TLS handshake may take (nsqd's deadline for it)."""
 
 
@@ -321,31 +331,45 @@ class _Conn(BaseConn):
             return False
         self.handing = event
         self.transport.pause_reading()
+        self.server.loop.call_later(HANDOFF_DEADLINE, self._overdue, event)
         return True
 
-    def hand_off(self, index: int, state: dict[str, Any]) -> None:
+    def _overdue(self, event: Sub | Pub | Mpub | Dpub) -> None:
+        if self.handing is event and not self.closed:
+            log.warning("tcp client %s: its hand-off waited %gs: closed", self.name,
+                        HANDOFF_DEADLINE)
+            self.close()
+
+    def hand_off(self, index: int, state: dict[str, Any], busy_until: float = 0.0) -> None:
         """On the loop: send this connection to receiver `index` once everything written
         to it has left (its OKs come before the new owner's), with `state` (the client
         actor's part) and the decoder's; if that fails, serve it here after all (a
         SUB offered is handled now; a publish offered was handled already)."""
-        event, transport = self.handing, self.transport
+        event, transport, loop = self.handing, self.transport, self.server.loop
         if self.closed or event is None or transport is None:
             return
         if transport.get_write_buffer_size():
-            self.server.loop.call_later(0.002, self.hand_off, index, state)
+            loop.call_later(0.002, self.hand_off, index, state, busy_until)
             return
-        buffered = self.codec.take_buffered()
-        full = {**state, "settings": asdict(self.codec.settings), "buffered": buffered}
+        full = {**state, "settings": asdict(self.codec.settings),
+                "buffered": self.codec.take_buffered()}
         if type(event) is Sub:
             full.update(topic=event.topic, channel=event.channel)
         sock = transport.get_extra_info("socket")
         assert self.server.handoff is not None
-        if sock is not None and self.server.handoff.send(index, sock.fileno(), full):
+        sent = self.server.handoff.send(index, sock.fileno(), full) if sock else None
+        if sent == SENT:
             transport.abort()  # this process's descriptor: the connection lives on there
             return
+        if full["buffered"]:
+            self.codec.receive_data(full["buffered"])
+        if sent == BUSY:  # the receiver's queue is full: again soon, for a while
+            busy_until = busy_until or loop.time() + HANDOFF_BUSY_FOR
+            if loop.time() < busy_until:
+                loop.call_later(0.005, self.hand_off, index, state, busy_until)
+                return
         self.handing = None
-        if buffered:
-            self.codec.receive_data(buffered)
+        self.heard = loop.time()  # (nothing was read while it waited)
         if type(event) is Sub:
             self._command(event)
         transport.resume_reading()
@@ -480,7 +504,8 @@ class _Conn(BaseConn):
     def _beat(self) -> None:
         if self.closed:
             return
-        if self.server.loop.time() - self.heard > 2 * self.heartbeat_s:
+        # (a connection waiting for its hand-off reads nothing: not silence)
+        if self.handing is None and self.server.loop.time() - self.heard > 2 * self.heartbeat_s:
             log.info("tcp client %s sent nothing for two heartbeat intervals: closed", self.name)
             self.close()
             return

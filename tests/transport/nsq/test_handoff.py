@@ -11,7 +11,8 @@ import threading
 import pytest
 
 from transport.nsq.codec import ServerConnection
-from transport.nsq.handoff import Receiver, Sender, socket_path
+from transport.nsq import server as server_mod
+from transport.nsq.handoff import BUSY, FAILED, SENT, Receiver, Sender, socket_path
 from transport.nsq.server import TcpServer
 from transport.protocol import commands as pc
 from transport.protocol.identify import IdentifySettings
@@ -64,9 +65,9 @@ def test_a_socket_and_its_state_travel_in_one_datagram(tmp_path):
     sender = Sender([receiver.path, str(tmp_path / "nobody.sock")])
     a, b = socket.socketpair()
     try:
-        assert sender.send(0, a.fileno(), {"topic": "t", "buffered": b"RDY 1\n"})
-        assert not sender.send(1, a.fileno(), {})  # no receiver there: refused at once
-        assert not sender.send(7, a.fileno(), {})  # no such receiver
+        assert sender.send(0, a.fileno(), {"topic": "t", "buffered": b"RDY 1\n"}) == SENT
+        assert sender.send(1, a.fileno(), {}) == FAILED  # no receiver there: at once
+        assert sender.send(7, a.fileno(), {}) == FAILED  # no such receiver
         ((sock, state),) = receiver.receive()
         assert state == {"topic": "t", "buffered": b"RDY 1\n"}
         a.close()  # the sender's descriptor goes; the connection lives on in the copy
@@ -246,3 +247,63 @@ def test_a_subscribed_connection_left_on_the_gateway_is_not_offered_again_at_a_p
         assert gateway.sessions() == 1
     finally:
         client.close()
+
+
+def test_a_receiver_whose_queue_is_full_is_busy_not_a_wait(tmp_path):
+    receiver = Receiver(socket_path(str(tmp_path), 0))
+    sender = Sender([receiver.path])
+    a, b = socket.socketpair()
+    try:
+        answers = [sender.send(0, a.fileno(), {"n": n}) for n in range(1000)]
+        # (the gateway's loop never blocks on it: it tries again a little later)
+        assert answers[0] == SENT
+        assert BUSY in answers
+        sent = answers.index(BUSY)
+        assert set(answers[sent:]) == {BUSY}
+        assert len(receiver.receive()) == sent
+        assert sender.send(0, a.fileno(), {"n": "again"}) == SENT
+        ((sock, state),) = receiver.receive()
+        sock.close()
+        assert state == {"n": "again"}
+    finally:
+        a.close()
+        b.close()
+        sender.close()
+        receiver.close()
+
+
+class Waits(Handler):
+    """Takes every offer and never hands over: the client actor's publishes are slow."""
+
+    def on_handoff(self, session, command) -> bool:
+        return True
+
+
+def test_a_connection_waiting_for_its_hand_off_is_not_silent_but_is_closed_when_overdue(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(server_mod, "HANDOFF_DEADLINE", 0.5)
+    handler = Waits(offer=())
+    sender = Sender([str(tmp_path / "nobody.sock")])
+    gateway = TcpServer("127.0.0.1", 0, handler, limits=Limits(), handoff=sender)
+    handler.server = gateway
+    port = gateway.start()
+    client = socket.create_connection(("127.0.0.1", port), timeout=10)
+    try:
+        identify = b'{"heartbeat_interval": 1000}'
+        client.sendall(b"  V2IDENTIFY\n" + struct.pack(">i", len(identify)) + identify
+                       + b"PUB t\n" + struct.pack(">i", 1) + b"x")
+        _wait(lambda: handler.commands[-1:] == [pc.Pub("t", b"x")], "the PUB")
+        (conn,) = gateway.conns.values()
+        # a heartbeat due while it waits, with nothing heard for long: not closed
+        conn.heard -= 100
+        done = threading.Event()
+        gateway.loop.call_soon_threadsafe(lambda: (conn._beat(), done.set()))
+        assert done.wait(10)
+        assert not conn.closed
+        # but a hand-off that never comes closes it (its publishes' topic is gone)
+        _wait(lambda: handler.closed, "the overdue hand-off to close it")
+        assert conn.closed
+    finally:
+        client.close()
+        gateway.stop()
+        sender.close()
