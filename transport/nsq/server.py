@@ -88,6 +88,7 @@ log = logging.getLogger(__name__)
 _sessions = itertools.count(1)
 
 HANDSHAKE_TIMEOUT = 5.0
+"""Seconds a TLS handshake may take (nsqd's deadline for it)."""
 
 HANDOFF_DEADLINE = 30.0
 """Seconds a connection offered for a hand-off may wait, unread, for it: the client
@@ -98,7 +99,6 @@ what it is owed; then the connection is closed."""
 HANDOFF_BUSY_FOR = 1.0
 """Seconds a hand-off is tried again while its receiver's queue is full, before the
 connection is served where it is."""
-"""Seconds a TLS handshake may take (nsqd's deadline for it)."""
 
 
 class BaseConn(asyncio.Protocol):
@@ -162,6 +162,7 @@ class _Conn(BaseConn):
         self.heartbeat_s = self.codec.settings.heartbeat_interval / 1000
         # the SUB or publish whose connection is being handed over
         self.handing: Sub | Pub | Mpub | Dpub | None = None
+        self.overdue: asyncio.TimerHandle | None = None  # closes it if never handed over
         self.heard = 0.0
         self.codec.tls_required = server.tls_required
         self.held: list[bytes] | None = None  # writes waiting for the TLS handshake
@@ -331,11 +332,11 @@ class _Conn(BaseConn):
             return False
         self.handing = event
         self.transport.pause_reading()
-        self.server.loop.call_later(HANDOFF_DEADLINE, self._overdue, event)
+        self.overdue = self.server.loop.call_later(HANDOFF_DEADLINE, self._overdue)
         return True
 
-    def _overdue(self, event: Sub | Pub | Mpub | Dpub) -> None:
-        if self.handing is event and not self.closed:
+    def _overdue(self) -> None:
+        if self.handing is not None and not self.closed:
             log.warning("tcp client %s: its hand-off waited %gs: closed", self.name,
                         HANDOFF_DEADLINE)
             self.close()
@@ -359,6 +360,7 @@ class _Conn(BaseConn):
         assert self.server.handoff is not None
         sent = self.server.handoff.send(index, sock.fileno(), full) if sock else None
         if sent == SENT:
+            self._stop_overdue()
             transport.abort()  # this process's descriptor: the connection lives on there
             return
         if full["buffered"]:
@@ -369,11 +371,17 @@ class _Conn(BaseConn):
                 loop.call_later(0.005, self.hand_off, index, state, busy_until)
                 return
         self.handing = None
+        self._stop_overdue()
         self.heard = loop.time()  # (nothing was read while it waited)
         if type(event) is Sub:
             self._command(event)
         transport.resume_reading()
         self._feed_buffered()
+
+    def _stop_overdue(self) -> None:
+        if self.overdue is not None:
+            self.overdue.cancel()
+            self.overdue = None
 
     # -- AUTH ----------------------------------------------------------------------------
 

@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from transport.nsq.codec import ServerConnection
 from transport.nsq import server as server_mod
+from transport.nsq.codec import ServerConnection
 from transport.nsq.handoff import BUSY, FAILED, SENT, Receiver, Sender, socket_path
 from transport.nsq.server import TcpServer
 from transport.protocol import commands as pc
