@@ -7,6 +7,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import signal
 import urllib.request
 from collections.abc import Iterator
 
@@ -180,3 +181,28 @@ def test_a_publisher_handed_over_may_still_identify_and_is_answered_as_by_the_ga
         assert answer["deflate"] is True
     finally:
         c.close()
+
+
+def test_a_publisher_handed_over_loses_its_connection_with_its_worker_and_can_come_back(
+        broker):
+    topic = "doomed"
+    worker = Placement(2).node_for(f"topic:{topic}")
+    c = Client(broker.tcp_address)
+    try:
+        c.send(pc.Pub(topic, b"before"))
+        assert c.frames(1) == [Response(b"OK")]
+        wait_for(lambda: list(_clients(broker).values()) == [worker], what="the hand-off")
+        (process,) = [p for p in broker.supervisor.ps() if p.name == worker]
+        os.kill(process.pid, signal.SIGKILL)
+        # at once, not after a publish timeout: the socket lived in that process
+        assert c.closed_by_peer()
+    finally:
+        c.close()
+    wait_for(lambda: any(p.name == worker and p.alive and p.pid != process.pid
+                         for p in broker.supervisor.ps()), 30, "the worker back")
+    again = Client(broker.tcp_address)
+    try:
+        again.send(pc.Pub(topic, b"after"))
+        assert again.frames(1) == [Response(b"OK")]
+    finally:
+        again.close()
