@@ -35,9 +35,12 @@ import msgpack
 log = logging.getLogger(__name__)
 
 MAX_STATE = 1 << 20
-"""Largest state datagram (the unparsed bytes are at most one read's worth plus a
-command: IDENTIFY and SUB lines, a few RDYs; a state larger than the socket's send
-buffer fails, and the connection stays where it is)."""
+"""Largest state datagram (the unparsed bytes are at most one read's worth, 256 KiB
+in asyncio, plus a command: a publisher's pipelined PUBs, or IDENTIFY and SUB lines
+and a few RDYs).  A datagram cannot be larger than its socket's send buffer, which
+the sender asks to be twice this (Linux grants up to twice ``net.core.wmem_max``,
+425,984 bytes by default); a state that does not fit fails, and the connection
+stays where it is."""
 
 SENT, BUSY, FAILED = "sent", "busy", "failed"
 """What :meth:`Sender.send` says: handed over; the receiver's queue is full (try
@@ -56,6 +59,8 @@ class Sender:
         self.paths = paths
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.setblocking(False)  # (it runs on the gateway's loop)
+        # (the default, 208 KiB, is less than a read of a pipelining publisher)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 2 * MAX_STATE)
 
     def send(self, index: int, fd: int, state: dict[str, Any]) -> str:
         """Hand socket ``fd`` (a duplicate is sent; the caller keeps and closes its own)

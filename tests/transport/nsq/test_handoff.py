@@ -249,6 +249,23 @@ def test_a_subscribed_connection_left_on_the_gateway_is_not_offered_again_at_a_p
         client.close()
 
 
+def test_a_state_with_a_whole_read_of_pipelined_publishes_fits_in_its_datagram(tmp_path):
+    receiver = Receiver(socket_path(str(tmp_path), 0))
+    sender = Sender([receiver.path])
+    a, b = socket.socketpair()
+    try:
+        read = b"x" * (256 * 1024 + 100)  # (asyncio reads at most 256 KiB at once)
+        assert sender.send(0, a.fileno(), {"buffered": read}) == SENT
+        ((sock, state),) = receiver.receive()
+        sock.close()
+        assert state["buffered"] == read
+    finally:
+        a.close()
+        b.close()
+        sender.close()
+        receiver.close()
+
+
 def test_a_receiver_whose_queue_is_full_is_busy_not_a_wait(tmp_path):
     receiver = Receiver(socket_path(str(tmp_path), 0))
     sender = Sender([receiver.path])
