@@ -183,14 +183,19 @@ class GatewayFacade:
     def topics(self, topic: str | None, channel: str | None, include_clients: bool,
                include_storage: bool = False) -> tuple[list[dict[str, Any]], list[str]]:
         """Every topic's stats (or `topic`'s; with `channel`, only that channel's), of
-        the workers that answer, and the workers that did not (their topics left out)."""
+        the workers that answer, and the workers that did not (their topics left out;
+        a worker that listed its topics, then stopped answering, is one of them)."""
         listed, silent = self._topic_actors()
         names = [n for n in listed if not topic or n == f"topic:{topic}"]
         replies = current_endpoint().ask_many(
             [(n, TopicStats(include_clients, existing_only=True,
                             include_storage=include_storage)) for n in names], self.timeout)
         topics = []
-        for reply in replies:
+        node_for = self.placement.node_for
+        for name, reply in zip(names, replies, strict=True):
+            if isinstance(reply, AskTimeout):
+                silent = silent if node_for(name) in silent else [*silent, node_for(name)]
+                continue
             if isinstance(reply, Exception):
                 raise reply
             if reply is None:
@@ -200,8 +205,8 @@ class GatewayFacade:
             if channel:
                 chans = [c for c in chans if c.get("channel_name") == channel]
             stats["channels"] = chans
-            topics.append(stats)
-        return topics, silent
+            topics.append((name, stats))
+        return [stats for name, stats in topics if node_for(name) not in silent], silent
 
     def stats(self, topic: str | None, channel: str | None, include_clients: bool,
               include_storage: bool = False) -> dict[str, Any]:
