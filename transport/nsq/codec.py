@@ -95,6 +95,7 @@ __all__ = [
     "MAGIC",
     "NEED_DATA",
     "OK_FRAME",
+    "PUBLISHES",
     "Sentinel",
     "ServerConnection",
     "encode_error",
@@ -107,7 +108,8 @@ __all__ = [
 
 MAGIC = b"  V2"
 _FIN_STATES = states_allowing("FIN")
-_PUBLISHES = (Pub, Mpub, Dpub)
+PUBLISHES = (Pub, Mpub, Dpub)
+"""The commands that publish (the first of them may hand a connection over)."""
 _FIN_RUN = re.compile(rb"(?:FIN .{16}\n)+", re.DOTALL)  # a run of well-formed FIN lines
 _FIN_ID = re.compile(rb"FIN (.{16})\n", re.DOTALL)
 FRAME_TYPE_RESPONSE = 0
@@ -282,7 +284,7 @@ class ServerConnection:
             if isinstance(event, Sentinel):
                 return events
             events.append(event)
-            if type(event) is Sub or (self.pause_at_publish and type(event) in _PUBLISHES):
+            if type(event) is Sub or (self.pause_at_publish and type(event) in PUBLISHES):
                 return events
 
     def _fast_fins(self) -> list[bytes]:

@@ -60,6 +60,7 @@ from transport.nsq.codec import (
     CLOSE_WAIT_FRAME,
     HEARTBEAT_FRAME,
     OK_FRAME,
+    PUBLISHES,
     ServerConnection,
     encode_error,
     encode_identify_response,
@@ -304,7 +305,7 @@ class _Conn(BaseConn):
                     if self._offer(event):
                         return
         self._command(event)
-        if self.codec.pause_at_publish and type(event) in (Pub, Mpub, Dpub):
+        if self.codec.pause_at_publish and type(event) in PUBLISHES:
             # after the publish: its client actor answers it before the hand-off
             self.codec.pause_at_publish = False
             self._offer(event)
