@@ -604,8 +604,14 @@ class HandoffListener(Actor):
         from transport.nsq.server import TcpServer  # noqa: PLC0415
 
         o = self.options
+        try:
+            features = tcp_features(o)
+        except Exception as e:  # (a certificate it cannot read: the gateway's listener
+            # fails on it too, and says so; no connection is handed over here)
+            log.error("%s: cannot serve connections: %s", self.name, e)
+            return
         bridge = ProtocolBridge(f"w{self.index}.{os.urandom(3).hex()}.", TcpConnection)
-        server = TcpServer(None, 0, bridge, limits=Limits.from_options(o), **tcp_features(o))
+        server = TcpServer(None, 0, bridge, limits=Limits.from_options(o), **features)
         bridge.server = server
         server.start()
         try:
