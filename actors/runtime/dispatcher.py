@@ -19,8 +19,15 @@ is created and is, at any moment, in exactly one state:
              greenlet, its thread runs other actors, and the event it waits for
              puts it back in the run queue, where it continues where it stopped.
 
-Batches run inside greenlets (the ``greenlet`` package alone: no monkey
-patching, no event loop).  A thread's main greenlet is its scheduler; it
+Each thread runs an asyncio event loop, and its run queue is drained by that
+loop, a turn at a time between its I/O: socket servers an actor starts on
+the thread (:class:`transport.nsq.server.LoopServer` with no listening
+address, which serves the connections handed to a worker) share the loop, so
+a connection's reads, its actors and its writes run on one thread, with no
+wake-up or GIL hand-over between a socket thread and an actor thread (PUB and
+SUB on one worker: 1.26-1.32x, BENCHMARKS.md).  Batches run inside greenlets
+(the ``greenlet`` package: no monkey patching; the loop knows nothing of
+them).  A thread's main greenlet is its scheduler (the loop); it
 switches into a *runner* greenlet to run a batch, and the runner switches
 back when the batch is done (the runner is then reused: creating a greenlet
 costs ~8 us, a switch ~0.2 us) or when the handler parks (the runner then
@@ -30,7 +37,10 @@ which is why actors are pinned.
 
 Waiting is the :class:`Waiter`: ``wait(timeout)`` parks the calling actor
 when called on a dispatcher thread inside a batch, and blocks the calling
-thread otherwise (socket loops, tests, the supervisor).  ``wake(value)`` may
+thread otherwise (tests, the supervisor, other threads' socket loops).  On a
+dispatcher thread outside any batch (a socket callback of its loop waiting
+for room in a full mailbox) blocking would stop the very actors it waits
+for, so the wait runs the thread's queued actors until it is woken.  ``wake(value)`` may
 be called from any thread, exactly once wins (a timeout racing a reply
 cannot resume an actor twice).
 
@@ -41,10 +51,11 @@ dispatcher thread keeps running the others.
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import heapq
 import itertools
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -61,6 +72,9 @@ logger = logging.getLogger(__name__)
 _DONE = object()
 _PARKED = object()
 _STOP = object()
+_NOTHING = object()  # queued only to have the loop come back for what is left
+_TURN = 64  # runnables a loop turn runs before the loop polls its sockets again
+_IDLE_POLL = 0.05
 
 
 class Timer(Protocol):
@@ -81,43 +95,71 @@ class Runnable(Protocol):
 
 
 class _Worker:
-    """One dispatcher thread: its run queue, timers and idle runner greenlets."""
+    """One dispatcher thread: its event loop, run queue, timers and idle runner greenlets."""
 
     def __init__(self, dispatcher: Dispatcher, index: int) -> None:
         self.dispatcher = dispatcher
         self.index = index
-        self.runq: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.loop = asyncio.new_event_loop()
+        self.runq: collections.deque[Any] = collections.deque()
         self.timers: list[tuple[float, int, Timer]] = []
         self.hub: greenlet.greenlet | None = None
         self.idle_runners: list[greenlet.greenlet] = []
         self.current: Runnable | None = None
+        self.ident: int | None = None  # the thread's, once it runs
+        self._lock = threading.Lock()
+        self._turn_due = False  # a drain of the run queue is scheduled on the loop
         self.thread = threading.Thread(
             target=self._main, name=f"dispatcher:{dispatcher.name}/{index}", daemon=True
         )
 
-    # -- the scheduler (the thread's main greenlet) --------------------------------
+    def put(self, item: Any) -> None:
+        """Queue ``item`` (a runnable, a resume, or the stop) from any thread."""
+        self.runq.append(item)
+        with self._lock:
+            if self._turn_due:
+                return
+            self._turn_due = True
+        try:
+            if threading.get_ident() == self.ident:
+                self.loop.call_soon(self._turn)
+            else:
+                self.loop.call_soon_threadsafe(self._turn)
+        except RuntimeError:  # the loop is closed: the dispatcher has stopped
+            pass
+
+    # -- the scheduler (the thread's main greenlet, in its loop) --------------------------
 
     def _main(self) -> None:
         _local.worker = self
         self.hub = greenlet.getcurrent()
-        runq = self.runq
-        timers = self.timers
+        self.ident = threading.get_ident()
+        asyncio.set_event_loop(self.loop)
         try:
-            while True:
-                try:
-                    item = runq.get(timeout=self._time_to_next_timer())
-                except queue.Empty:
-                    self._fire_timers()
-                    continue
-                if item is _STOP:
-                    return
-                self._run(item)
-                if timers and timers[0][0] <= time.monotonic():
-                    self._fire_timers()
+            self.loop.run_forever()
         finally:
             _local.worker = None
+            _close_loop(self.loop)
+
+    def _turn(self) -> None:
+        """Run what is queued, up to a bound, then let the loop do its I/O."""
+        with self._lock:
+            self._turn_due = False
+        runq = self.runq
+        for _ in range(_TURN):
+            if not runq:
+                return
+            item = runq.popleft()
+            if item is _STOP:
+                self.loop.stop()
+                return
+            self._run(item)
+        if runq:
+            self.put(_NOTHING)
 
     def _run(self, item: Any) -> None:
+        if item is _NOTHING:
+            return
         if type(item) is _Resume:
             runner = item.runner
             self.current = item.runnable
@@ -134,12 +176,6 @@ class _Worker:
 
     # -- timers ------------------------------------------------------------------
 
-    def _time_to_next_timer(self) -> float | None:
-        timers = self.timers
-        if not timers:
-            return None
-        return max(0.0, timers[0][0] - time.monotonic())
-
     def _fire_timers(self) -> None:
         now = time.monotonic()
         timers = self.timers
@@ -153,6 +189,42 @@ class _Worker:
     def add_timer(self, deadline: float, timer: Timer) -> None:
         """Call ``timer.expire()`` at ``deadline`` (called on this worker's own thread only)."""
         heapq.heappush(self.timers, (deadline, next(_timer_seq), timer))
+        self.loop.call_at(deadline, self._fire_timers)  # (the loop's clock is monotonic)
+
+    # -- waiting on this thread outside a batch --------------------------------------
+
+    def run_until(self, event: threading.Event, timeout: float | None) -> bool:
+        """Run queued actors and due timers until `event` is set or `timeout` passes (a
+        socket callback of this loop waiting for room: see the module docstring)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        runq = self.runq
+        while not event.is_set():
+            if self.timers and self.timers[0][0] <= time.monotonic():
+                self._fire_timers()
+            if runq and runq[0] is not _STOP:  # (the loop stops once this wait is over)
+                self._run(runq.popleft())
+                continue
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            # nothing of this thread's to run: what it waits for comes from elsewhere
+            event.wait(_IDLE_POLL if remaining is None else min(remaining, _IDLE_POLL))
+        return True
+
+
+def _close_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """After a stopped loop: let what its servers scheduled as they closed run, end
+    its tasks, and release its selector and self-pipe."""
+    try:
+        tasks = asyncio.all_tasks(loop)
+        for task in tasks:
+            task.cancel()
+        loop.run_until_complete(asyncio.wait(tasks, timeout=1.0) if tasks
+                                else asyncio.sleep(0))
+    except Exception:
+        logger.exception("dispatcher: closing its loop")
+    finally:
+        loop.close()
 
 
 def _runner_main(runnable: Runnable) -> None:
@@ -241,7 +313,7 @@ class Waiter:
             if self._state == _WOKEN:
                 return True, self._value
             event = self._event = threading.Event()
-        if event.wait(timeout):
+        if event.wait(timeout) if worker is None else worker.run_until(event, timeout):
             return True, self._value
         with self._lock:
             if self._state == _WOKEN:
@@ -292,7 +364,7 @@ class Waiter:
         worker, runnable = self._worker, self._runnable
         assert worker is not None
         assert runnable is not None
-        worker.runq.put(_Resume(runnable, runner, result))
+        worker.put(_Resume(runnable, runner, result))
 
 
 class Dispatcher:
@@ -325,7 +397,7 @@ class Dispatcher:
 
     def schedule(self, worker_index: int, runnable: Runnable) -> None:
         """Put ``runnable`` at the back of its worker's run queue (any thread)."""
-        self._workers[worker_index].runq.put(runnable)
+        self._workers[worker_index].put(runnable)
 
     def blocking(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` where it cannot stall the dispatcher; returns its result.
@@ -344,7 +416,7 @@ class Dispatcher:
     def stop(self, timeout: float = 2.0) -> bool:
         """Stop the threads after what they are running; True if all ended in time."""
         for worker in self._workers:
-            worker.runq.put(_STOP)
+            worker.put(_STOP)
         deadline = time.monotonic() + timeout
         clean = True
         for worker in self._workers:

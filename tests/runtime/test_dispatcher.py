@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -245,6 +246,42 @@ def test_a_dispatcher_runs_inline_what_is_not_inside_an_actor() -> None:
     dispatcher.start()
     try:
         assert dispatcher.blocking(lambda x: x + 1, 1) == 2
+    finally:
+        assert dispatcher.stop(5)
+
+
+def test_a_wait_in_a_callback_of_a_dispatcher_threads_loop_runs_the_actors_it_waits_for(
+) -> None:
+    # Given a dispatcher thread's loop, and a callback of it (as a socket loop's read
+    # is, outside any actor) that waits for something an actor of that thread does
+    dispatcher = Dispatcher("unit", threads=1)
+    dispatcher.start()
+    try:
+        waiter = Waiter()
+        ran_on: list[str] = []
+
+        class Wakes:
+            name = "wakes"
+
+            def run_batch(self) -> None:
+                ran_on.append(threading.current_thread().name)
+                waiter.wake("room")
+
+        answer: Future[tuple[tuple[bool, Any], tuple[bool, Any], str]] = Future()
+
+        def callback() -> None:
+            dispatcher.schedule(0, Wakes())  # queued behind this very callback
+            woken = waiter.wait(10)
+            unwoken = Waiter().wait(0.01)  # nobody wakes this one: its timeout ends it
+            answer.set_result((woken, unwoken, threading.current_thread().name))
+
+        dispatcher._workers[0].loop.call_soon_threadsafe(callback)
+        woken, unwoken, thread = answer.result(10)
+        # Then the wait ran the queued actor on the same thread instead of blocking it
+        assert woken == (True, "room")
+        assert ran_on == [thread]
+        assert thread.startswith("dispatcher:unit")
+        assert unwoken == (False, None)
     finally:
         assert dispatcher.stop(5)
 

@@ -603,10 +603,19 @@ def _write_parts(conn: Any, parts: list[bytes]) -> None:
         log.exception("tcp write to %s failed", getattr(conn, "name", "?"))
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 class LoopServer:
     """A TCP listener on an asyncio loop in its own thread, one `BaseConn` per
     connection (made by ``make_conn``); the handler hears ``on_close(session)``, and
-    any thread may :meth:`send` to a session or :meth:`drop` it."""
+    any thread may :meth:`send` to a session or :meth:`drop` it.  With no listening
+    address (it serves connections handed to it) and made on a thread whose loop
+    runs, it serves on that loop instead (see ``__init__``)."""
 
     def __init__(self, host: str | None, port: int, handler: Any,
                  make_conn: Any, *, thread_name: str = "tcp-server") -> None:
@@ -616,28 +625,50 @@ class LoopServer:
         self.make_conn = make_conn
         self.thread_name = thread_name
         self.conns: dict[str, BaseConn] = {}
-        self.loop = asyncio.new_event_loop()
+        # With no listening address, a server made on a thread whose loop runs (an actor
+        # on its dispatcher thread: actors.runtime.dispatcher) serves on that loop: the
+        # connections handed to a worker are read, handled and written on one thread.
+        running = _running_loop() if host is None else None
+        self._shared = running is not None
+        self.loop = running or asyncio.new_event_loop()
         self._server: asyncio.base_events.Server | None = None
         self._thread: threading.Thread | None = None
         # Writes and drops from other threads, in order; one loop wake-up per burst
         self._out: list[tuple[BaseConn, Any]] = []  # bytes, None (close), tuple (hand-off)
         self._out_lock = threading.Lock()
         self._out_scheduled = False
+        self._loop_thread = threading.get_ident() if self._shared else None
 
     def start(self) -> int:
         """Bind and serve; returns the bound port.  (With no host, nothing is bound: the
         loop serves only connections handed to it, :meth:`adopt`.)"""
-        if self.host is not None:
-            self._server = self.loop.run_until_complete(
-                self.loop.create_server(lambda: self.make_conn(self), self.host, self.port,
-                                        reuse_address=True, backlog=1024))
-            self.port = self._server.sockets[0].getsockname()[1]
+        if self._shared:
+            return self.port
         self._thread = threading.Thread(target=self.loop.run_forever, name=self.thread_name,
                                         daemon=True)
         self._thread.start()
+        if self.host is not None:
+            # (on the server's own thread: the caller's may be running a loop of its own)
+            try:
+                self._server = asyncio.run_coroutine_threadsafe(
+                    self.loop.create_server(lambda: self.make_conn(self), self.host,
+                                            self.port, reuse_address=True, backlog=1024),
+                    self.loop).result()
+            except BaseException:
+                self.loop.call_soon_threadsafe(self.loop.stop)
+                self._thread.join()
+                self._thread = None
+                self.loop.close()
+                raise
+            self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
     def stop(self, timeout: float = 5.0) -> None:
+        if self._shared:  # (on the loop's own thread: its dispatcher closes the loop)
+            for conn in list(self.conns.values()):
+                conn.close()
+            self.loop.create_task(self._close_resources())
+            return
         if self._thread is None:
             self.loop.close()
             return
@@ -679,7 +710,10 @@ class LoopServer:
                 return
             self._out_scheduled = True
         try:
-            self.loop.call_soon_threadsafe(self._flush_out)
+            if self._shared and threading.get_ident() == self._loop_thread:
+                self.loop.call_soon(self._flush_out)
+            else:
+                self.loop.call_soon_threadsafe(self._flush_out)
         except RuntimeError:  # the loop is closed: the server has stopped
             with self._out_lock:
                 self._out.clear()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
 import pytest
 
 from transport.nsq.server import LoopServer
@@ -59,3 +62,63 @@ def test_a_connection_whose_write_fails_costs_the_others_nothing(server):
 def test_a_write_to_a_session_that_has_gone_is_dropped(server):
     server.send("gone", b"1")
     assert server.wakeups == []
+
+
+def test_a_server_with_no_address_made_on_a_running_loop_serves_on_that_loop():
+    # Given a loop running on this thread (a worker's dispatcher thread is one)
+    loop = asyncio.new_event_loop()
+
+    async def made() -> LoopServer:
+        s = LoopServer(None, 0, handler=None, make_conn=None)
+        s.start()
+        return s
+
+    try:
+        server = loop.run_until_complete(made())
+        # Then it starts no thread of its own and serves on the caller's loop
+        assert server.loop is loop
+        assert server._thread is None
+        conn = FakeConn("a")
+        server.conns["a"] = conn
+
+        async def write_here() -> None:
+            server.send("a", b"1")  # from the loop's own thread: no self-pipe wake-up
+            await asyncio.sleep(0)
+
+        loop.run_until_complete(write_here())
+        assert conn.events == [b"1"]
+        # and a write from another thread reaches the connection through the loop
+        other = threading.Thread(target=server.send, args=("a", b"2"))
+        other.start()
+        other.join()
+        loop.run_until_complete(asyncio.sleep(0))
+        assert conn.events == [b"1", b"2"]
+        # Stopping it closes its connections and leaves the loop to its owner
+        server.stop()
+        assert conn.events[-1] == "closed"
+        assert not loop.is_closed()
+        loop.run_until_complete(asyncio.sleep(0))
+    finally:
+        loop.close()
+
+
+def test_a_server_with_an_address_keeps_its_own_thread_even_on_a_running_loop():
+    loop = asyncio.new_event_loop()
+
+    async def made() -> LoopServer:
+        s = LoopServer("127.0.0.1", 0, handler=None, make_conn=None)
+        s.start()  # (binds on its own loop's thread: this one's loop is running)
+        return s
+
+    try:
+        server = loop.run_until_complete(made())
+        try:
+            assert server.loop is not loop
+            assert server._thread is not None
+            assert server._thread.is_alive()
+            assert server.port > 0
+        finally:
+            server.stop()
+        assert not server._thread.is_alive()
+    finally:
+        loop.close()
