@@ -420,7 +420,9 @@ class Dispatcher:
         deadline = time.monotonic() + timeout
         clean = True
         for worker in self._workers:
-            if worker.thread.is_alive() and worker.thread is not threading.current_thread():
+            if worker.ident is None and not worker.thread.is_alive():
+                worker.loop.close()  # (never started: its thread would have closed it)
+            elif worker.thread.is_alive() and worker.thread is not threading.current_thread():
                 worker.thread.join(max(0.0, deadline - time.monotonic()))
                 clean = clean and not worker.thread.is_alive()
         self._io.shutdown(wait=False, cancel_futures=True)

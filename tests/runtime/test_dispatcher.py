@@ -250,6 +250,12 @@ def test_a_dispatcher_runs_inline_what_is_not_inside_an_actor() -> None:
         assert dispatcher.stop(5)
 
 
+def test_a_dispatcher_stopped_before_it_started_releases_its_loops() -> None:
+    dispatcher = Dispatcher("unit", threads=2)
+    assert dispatcher.stop(1)
+    assert all(worker.loop.is_closed() for worker in dispatcher._workers)
+
+
 def test_a_wait_in_a_callback_of_a_dispatcher_threads_loop_runs_the_actors_it_waits_for(
 ) -> None:
     # Given a dispatcher thread's loop, and a callback of it (as a socket loop's read
