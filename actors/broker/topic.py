@@ -396,6 +396,20 @@ class TopicActor(Actor):
         self.since[channel] = 0 if held else self.clock()
         announce(self, self.options, self.topic, channel)
 
+    def _in_meta(self, channel: str) -> bool:
+        """Whether the metadata file says anything of `channel`: an ephemeral channel is
+        in it only by its tags."""
+        return not is_ephemeral(channel) or channel in self.filters
+
+    def _write_meta_for(self, channel: str) -> None:
+        """`channel` came or changed: write the metadata if it holds the channel (10,000
+        consumers on ephemeral channels of one topic wrote all of its channels 10,000
+        times, and the topic's answers to their SUBs came after 10 s)."""
+        if self._in_meta(channel):
+            self._write_meta()
+        else:
+            self._mark_exists()
+
     def _write_meta(self) -> None:
         self._mark_exists()
         if self.ephemeral:
@@ -488,7 +502,7 @@ class TopicActor(Actor):
                     if not (revive and is_valid_channel_name(channel)):
                         return None  # a deleted channel's late start: it stays deleted
                     self._add_channel(channel)
-                    self._write_meta()
+                    self._write_meta_for(channel)
                 self.tell(self._channel_name(channel), self._channel_config())
                 self._drain()
             case ChannelGone(channel=channel):
@@ -1035,7 +1049,7 @@ class TopicActor(Actor):
             self._ensure_exists()
             if arg not in self.channels:
                 self._add_channel(arg)
-                self._write_meta()
+                self._write_meta_for(arg)
             self._channel(arg, "hello")
             self._drain()
         elif command == "delete_channel":
@@ -1126,6 +1140,7 @@ class TopicActor(Actor):
                 "tags": sorted(self.filters.get(channel, ()))}
 
     def _delete_channel(self, channel: str) -> None:
+        listed = self._in_meta(channel)
         self.filters.pop(channel, None)
         self.since.pop(channel, None)
         rewind = self.rewinds.pop(channel, None)
@@ -1136,7 +1151,8 @@ class TopicActor(Actor):
             return
         announce(self, self.options, self.topic, channel, gone=True)
         self._channel(channel, "delete")
-        self._write_meta()
+        if listed:
+            self._write_meta()
         if self.ephemeral and not self.channels:
             self._delete_topic()
 

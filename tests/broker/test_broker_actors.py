@@ -279,6 +279,25 @@ def test_an_ephemeral_channel_goes_away_with_its_last_client(start_broker, tmp_p
     assert not any("ephemeral" in f for f in os.listdir(tmp_path / "data"))
 
 
+def test_ephemeral_channels_come_and_go_without_rewriting_the_topics_metadata(
+        start_broker, tmp_path):
+    # Given a topic with a channel, whose metadata file lists it
+    b = start_broker()
+    Client(b, "d").sub("t", "durable")
+    wait_for(lambda: _stats(b, "t")["channels"], what="the channel")
+    meta = tmp_path / "data" / "t.topic.json"
+    written = os.stat(meta)
+    # When an ephemeral channel comes and goes (the file does not list those)
+    c = Client(b, "c").sub("t", "tmp#ephemeral")
+    wait_for(lambda: len(_stats(b, "t")["channels"]) == 2, what="the ephemeral channel")
+    c.send(ClientGone())
+    wait_for(lambda: len(_stats(b, "t")["channels"]) == 1, what="the channel to go")
+    # Then the file was not written again (each write listed every channel: 10,000
+    # ephemeral subscribers made the topic too slow to answer their SUBs)
+    now = os.stat(meta)
+    assert (now.st_ino, now.st_mtime_ns) == (written.st_ino, written.st_mtime_ns)
+
+
 def test_cls_stops_deliveries_but_in_flight_messages_can_still_be_finished(start_broker):
     # nsqd's CLS: no more messages (and a later RDY is ignored), FIN still works, and
     # nothing is requeued to another client until the connection actually drops.
