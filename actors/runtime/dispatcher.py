@@ -73,7 +73,9 @@ _DONE = object()
 _PARKED = object()
 _STOP = object()
 _NOTHING = object()  # queued only to have the loop come back for what is left
-_TURN = 64  # runnables a loop turn runs before the loop polls its sockets again
+# Seconds of actors' batches a loop turn runs before the loop polls its sockets again
+# (the interpreter's switch interval, as two threads sharing the GIL would take turns)
+_TURN = 0.005
 _IDLE_POLL = 0.05
 
 
@@ -142,20 +144,21 @@ class _Worker:
             _close_loop(self.loop)
 
     def _turn(self) -> None:
-        """Run what is queued, up to a bound, then let the loop do its I/O."""
+        """Run what is queued for up to a time slice, then let the loop do its I/O."""
         with self._lock:
             self._turn_due = False
         runq = self.runq
-        for _ in range(_TURN):
-            if not runq:
-                return
+        until = time.monotonic() + _TURN
+        while runq:
             item = runq.popleft()
             if item is _STOP:
                 self.loop.stop()
                 return
             self._run(item)
-        if runq:
-            self.put(_NOTHING)
+            if time.monotonic() >= until:
+                if runq:
+                    self.put(_NOTHING)
+                return
 
     def _run(self, item: Any) -> None:
         if item is _NOTHING:
