@@ -76,7 +76,6 @@ _NOTHING = object()  # queued only to have the loop come back for what is left
 # Seconds of actors' batches a loop turn runs before the loop polls its sockets again
 # (the interpreter's switch interval, as two threads sharing the GIL would take turns)
 _TURN = 0.005
-_IDLE_POLL = 0.05
 
 
 class Timer(Protocol):
@@ -111,6 +110,10 @@ class _Worker:
         self.ident: int | None = None  # the thread's, once it runs
         self._lock = threading.Lock()
         self._turn_due = False  # a drain of the run queue is scheduled on the loop
+        self._stopped = False  # the stop was taken: nothing more runs
+        self._alarm: asyncio.TimerHandle | None = None  # the loop's timer for the heap's first
+        self._waits = 0  # run_until calls under way on this thread
+        self._woken = threading.Event()  # set by put() and wakes while a run_until waits
         self.thread = threading.Thread(
             target=self._main, name=f"dispatcher:{dispatcher.name}/{index}", daemon=True
         )
@@ -118,6 +121,8 @@ class _Worker:
     def put(self, item: Any) -> None:
         """Queue ``item`` (a runnable, a resume, or the stop) from any thread."""
         self.runq.append(item)
+        if self._waits:  # a socket callback of the loop waits in run_until: not the loop
+            self._woken.set()
         with self._lock:
             if self._turn_due:
                 return
@@ -140,8 +145,8 @@ class _Worker:
         try:
             self.loop.run_forever()
         finally:
-            _local.worker = None
             _close_loop(self.loop)
+            _local.worker = None
 
     def _turn(self) -> None:
         """Run what is queued for up to a time slice, then let the loop do its I/O."""
@@ -149,9 +154,10 @@ class _Worker:
             self._turn_due = False
         runq = self.runq
         until = time.monotonic() + _TURN
-        while runq:
+        while runq and not self._stopped:
             item = runq.popleft()
             if item is _STOP:
+                self._stopped = True  # (what is queued behind the stop is dropped)
                 self.loop.stop()
                 return
             self._run(item)
@@ -166,13 +172,18 @@ class _Worker:
         if type(item) is _Resume:
             runner = item.runner
             self.current = item.runnable
-            result = runner.switch(item.value)
+            try:
+                result = runner.switch(item.value)
+            finally:
+                self.current = None
         else:
             runner = self.idle_runners.pop() if self.idle_runners else greenlet.greenlet(
                 _runner_main, parent=self.hub)
             self.current = item
-            result = runner.switch(item)
-        self.current = None
+            try:
+                result = runner.switch(item)
+            finally:
+                self.current = None
         if result is _DONE:
             self.idle_runners.append(runner)
         # else _PARKED: the runner now belongs to the parked runnable's Waiter
@@ -192,33 +203,65 @@ class _Worker:
     def add_timer(self, deadline: float, timer: Timer) -> None:
         """Call ``timer.expire()`` at ``deadline`` (called on this worker's own thread only)."""
         heapq.heappush(self.timers, (deadline, next(_timer_seq), timer))
-        self.loop.call_at(deadline, self._fire_timers)  # (the loop's clock is monotonic)
+        self._arm()
+
+    def _arm(self) -> None:
+        """One loop timer, at the heap's first deadline (the loop's clock is monotonic)."""
+        if not self.timers:
+            return
+        first = self.timers[0][0]
+        alarm = self._alarm
+        if alarm is not None:
+            if alarm.when() <= first:
+                return
+            alarm.cancel()
+        self._alarm = self.loop.call_at(first, self._on_alarm)
+
+    def _on_alarm(self) -> None:
+        self._alarm = None
+        self._fire_timers()
+        self._arm()
 
     # -- waiting on this thread outside a batch --------------------------------------
 
-    def run_until(self, event: threading.Event, timeout: float | None) -> bool:
-        """Run queued actors and due timers until `event` is set or `timeout` passes (a
-        socket callback of this loop waiting for room: see the module docstring)."""
+    def run_until(self, done: Callable[[], bool], timeout: float | None) -> bool:
+        """Run queued actors and due timers until ``done()`` or `timeout` passes (a socket
+        callback of this loop waiting for room: see the module docstring).  The loop does
+        no I/O meanwhile, so the timeout holds however much there is to run."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        runq = self.runq
-        while not event.is_set():
-            if self.timers and self.timers[0][0] <= time.monotonic():
-                self._fire_timers()
-            if runq and runq[0] is not _STOP:  # (the loop stops once this wait is over)
-                self._run(runq.popleft())
-                continue
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                return False
-            # nothing of this thread's to run: what it waits for comes from elsewhere
-            event.wait(_IDLE_POLL if remaining is None else min(remaining, _IDLE_POLL))
-        return True
+        runq, woken = self.runq, self._woken
+        self._waits += 1
+        try:
+            while not done():
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    return False
+                if self.timers and self.timers[0][0] <= now:
+                    self._fire_timers()
+                    continue
+                runnable = runq and runq[0] is not _STOP and not self._stopped
+                if runnable:  # (after a stop nothing runs: the loop ends once this is over)
+                    self._run(runq.popleft())
+                    continue
+                woken.clear()
+                if done() or (runq and runq[0] is not _STOP and not self._stopped):
+                    continue  # (it came between the checks and the clear)
+                # nothing of this thread's to run: what it waits for comes from elsewhere
+                wait = None if deadline is None else deadline - now
+                if self.timers:
+                    due = self.timers[0][0] - now
+                    wait = due if wait is None else min(wait, due)
+                woken.wait(wait)
+            return True
+        finally:
+            self._waits -= 1
 
 
 def _close_loop(loop: asyncio.AbstractEventLoop) -> None:
     """After a stopped loop: let what its servers scheduled as they closed run, end
     its tasks, and release its selector and self-pipe."""
     try:
+        loop.run_until_complete(asyncio.sleep(0))  # (callbacks and tasks already due)
         tasks = asyncio.all_tasks(loop)
         for task in tasks:
             task.cancel()
@@ -308,6 +351,9 @@ class Waiter:
     def done(self) -> bool:
         return self._state != _PENDING
 
+    def _is_woken(self) -> bool:
+        return self._state == _WOKEN
+
     def wait(self, timeout: float | None) -> tuple[bool, Any]:
         worker: _Worker | None = getattr(_local, "worker", None)
         if worker is not None and worker.current is not None:
@@ -315,8 +361,10 @@ class Waiter:
         with self._lock:
             if self._state == _WOKEN:
                 return True, self._value
-            event = self._event = threading.Event()
-        if event.wait(timeout) if worker is None else worker.run_until(event, timeout):
+            # (on a dispatcher thread outside a batch: its worker's event, which its
+            # run queue sets too, so the wait runs what is queued meanwhile)
+            event = self._event = threading.Event() if worker is None else worker._woken
+        if event.wait(timeout) if worker is None else worker.run_until(self._is_woken, timeout):
             return True, self._value
         with self._lock:
             if self._state == _WOKEN:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from actors.runtime import Actor, RuntimeOptions, message, no_spawn
+from actors.runtime import dispatcher as dispatcher_module
 from actors.runtime.dispatcher import Dispatcher, Waiter, call_later
 from actors.runtime.node import Node, NodeSpec
 from tests.runtime.conftest import wait_until
@@ -248,6 +249,68 @@ def test_a_dispatcher_runs_inline_what_is_not_inside_an_actor() -> None:
         assert dispatcher.blocking(lambda x: x + 1, 1) == 2
     finally:
         assert dispatcher.stop(5)
+
+
+def test_a_wait_in_a_loop_callback_ends_at_its_timeout_while_actors_keep_coming() -> None:
+    # Given an actor of the thread that queues itself again forever
+    dispatcher = Dispatcher("unit", threads=1)
+    dispatcher.start()
+    stop = threading.Event()
+
+    class Requeues:
+        name = "requeues"
+
+        def run_batch(self) -> None:
+            if not stop.is_set():
+                dispatcher.schedule(0, self)
+
+    answer: Future[tuple[bool, Any]] = Future()
+
+    def callback() -> None:
+        dispatcher.schedule(0, Requeues())
+        answer.set_result(Waiter().wait(0.05))  # nobody wakes it
+
+    try:
+        dispatcher._workers[0].loop.call_soon_threadsafe(callback)
+        # Then the wait still ends, by its timeout (it used to run whatever was runnable
+        # until nothing was, with the loop's sockets frozen meanwhile)
+        assert answer.result(10) == (False, None)
+    finally:
+        stop.set()
+        assert dispatcher.stop(5)
+
+
+def test_nothing_queued_behind_the_stop_runs() -> None:
+    # Given a dispatcher thread held by a batch, and the stop queued, then an actor
+    dispatcher = Dispatcher("unit", threads=1)
+    dispatcher.start()
+    worker = dispatcher._workers[0]
+    entered, hold = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    class Holds:
+        name = "holds"
+
+        def run_batch(self) -> None:
+            entered.set()
+            hold.wait(10)
+
+    class Late:
+        name = "late"
+
+        def run_batch(self) -> None:
+            ran.append(self.name)
+
+    dispatcher.schedule(0, Holds())
+    assert entered.wait(10)
+    worker.put(dispatcher_module._STOP)
+    dispatcher.schedule(0, Late())
+    # When the batch ends and the thread takes the stop
+    hold.set()
+    assert dispatcher.stop(5)
+    # Then what came after the stop never ran (not even as the loop closed)
+    assert ran == []
+    assert worker.loop.is_closed()
 
 
 def test_a_dispatcher_stopped_before_it_started_releases_its_loops() -> None:

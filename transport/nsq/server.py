@@ -638,6 +638,7 @@ class LoopServer:
         self._out_lock = threading.Lock()
         self._out_scheduled = False
         self._loop_thread = threading.get_ident() if self._shared else None
+        self._stopped = False
 
     def start(self) -> int:
         """Bind and serve; returns the bound port.  (With no host, nothing is bound: the
@@ -664,9 +665,12 @@ class LoopServer:
         return self.port
 
     def stop(self, timeout: float = 5.0) -> None:
+        self._stopped = True
         if self._shared:  # (on the loop's own thread: its dispatcher closes the loop)
+            self._flush_out()  # (what was written before the stop goes first)
             for conn in list(self.conns.values()):
                 conn.close()
+            self._release()
             self.loop.create_task(self._close_resources())
             return
         if self._thread is None:
@@ -689,6 +693,10 @@ class LoopServer:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout)
         self.loop.close()
+
+    def _release(self) -> None:
+        """What a subclass releases at once as it stops on a shared loop (it takes no
+        new connection from then on)."""
 
     async def _close_resources(self) -> None:
         """What a subclass must release on the loop as it stops."""
@@ -805,16 +813,30 @@ class TcpServer(LoopServer):
         self.loop.call_soon_threadsafe(self.loop.add_reader, receiver.fileno(), self._adopt)
 
     def _adopt(self) -> None:
-        assert self._receiver is not None
+        if self._receiver is None:  # (released: the server stopped)
+            return
         for sock, state in self._receiver.receive():
             self.loop.create_task(self._adopt_one(sock, state))
 
     async def _adopt_one(self, sock: Any, state: dict[str, Any]) -> None:
         try:
-            await self.loop.connect_accepted_socket(lambda: _Conn(self, state), sock)
+            transport, _ = await self.loop.connect_accepted_socket(
+                lambda: _Conn(self, state), sock)
         except Exception as e:  # the client went meanwhile, or the state is not ours
             log.info("tcp: a handed-over connection could not be adopted: %s", e)
             sock.close()
+            return
+        except BaseException:  # cancelled as the loop closes
+            sock.close()
+            raise
+        if self._stopped:  # (it stopped while this one was being adopted)
+            transport.close()
+
+    def _release(self) -> None:
+        if self._receiver is not None:
+            self.loop.remove_reader(self._receiver.fileno())
+            self._receiver.close()
+            self._receiver = None
 
     def http_session(self) -> Any:
         """The loop's HTTP client (for the auth servers), made on first use."""
@@ -825,10 +847,7 @@ class TcpServer(LoopServer):
         return self._http
 
     async def _close_resources(self) -> None:
-        if self._receiver is not None:
-            self.loop.remove_reader(self._receiver.fileno())
-            self._receiver.close()
-            self._receiver = None
+        self._release()
         if self._http is not None:
             await self._http.close()
             self._http = None

@@ -4,6 +4,8 @@ cannot be sent leaves the connection where it was, working."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import socket
 import struct
 import threading
@@ -324,3 +326,28 @@ def test_a_connection_waiting_for_its_hand_off_is_not_silent_but_is_closed_when_
         client.close()
         gateway.stop()
         sender.close()
+
+
+def test_a_worker_loop_sharing_its_callers_loop_lets_go_of_its_receiver_as_it_stops(tmp_path):
+    # Given a worker's server made on a running loop (a dispatcher thread's), adopting
+    loop = asyncio.new_event_loop()
+    receiver = Receiver(socket_path(str(tmp_path), 0))
+
+    async def made() -> TcpServer:
+        s = TcpServer(None, 0, Handler(offer=()), limits=Limits())
+        s.start()
+        s.adopt_from(receiver)
+        await asyncio.sleep(0)  # (adopt_from registers the reader on the loop)
+        return s
+
+    try:
+        worker = loop.run_until_complete(made())
+        assert worker.loop is loop
+        # When it stops (on the loop's thread, which its dispatcher closes later)
+        worker.stop()
+        # Then the receiver is closed at once, not by a task the closing loop may cancel
+        assert receiver.sock.fileno() == -1
+        assert not os.path.exists(receiver.path)
+        loop.run_until_complete(asyncio.sleep(0))
+    finally:
+        loop.close()
