@@ -24,10 +24,11 @@ loop, a turn at a time between its I/O: socket servers an actor starts on
 the thread (:class:`transport.nsq.server.LoopServer` with no listening
 address, which serves the connections handed to a worker) share the loop, so
 a connection's reads, its actors and its writes run on one thread, with no
-wake-up or GIL hand-over between a socket thread and an actor thread (PUB and
-SUB on one worker: 1.26-1.32x, BENCHMARKS.md).  Batches run inside greenlets
-(the ``greenlet`` package: no monkey patching; the loop knows nothing of
-them).  A thread's main greenlet is its scheduler (the loop); it
+wake-up or GIL hand-over between a socket thread and an actor thread (PUB
+and SUB on one worker with NSQ's bench clients: 1.2x-1.35x, BENCHMARKS.md).
+Batches run inside greenlets (the ``greenlet`` package: no monkey patching;
+the loop knows nothing of them).  A thread's main greenlet is its scheduler
+(the loop); it
 switches into a *runner* greenlet to run a batch, and the runner switches
 back when the batch is done (the runner is then reused: creating a greenlet
 costs ~8 us, a switch ~0.2 us) or when the handler parks (the runner then
