@@ -41,7 +41,8 @@ when called on a dispatcher thread inside a batch, and blocks the calling
 thread otherwise (tests, the supervisor, other threads' socket loops).  On a
 dispatcher thread outside any batch (a socket callback of its loop waiting
 for room in a full mailbox) blocking would stop the very actors it waits
-for, so the wait runs the thread's queued actors until it is woken.  ``wake(value)`` may
+for, so the wait runs the thread's queued actors until it is woken or its
+timeout passes.  ``wake(value)`` may
 be called from any thread, exactly once wins (a timeout racing a reply
 cannot resume an actor twice).
 

@@ -810,7 +810,11 @@ class TcpServer(LoopServer):
         """Serve the connections other processes hand over through `receiver` (after
         :meth:`start`); it is closed with the server."""
         self._receiver = receiver
-        self.loop.call_soon_threadsafe(self.loop.add_reader, receiver.fileno(), self._adopt)
+        if self._shared and threading.get_ident() == self._loop_thread:
+            self.loop.add_reader(receiver.fileno(), self._adopt)  # (a stop may come next)
+        else:
+            self.loop.call_soon_threadsafe(self.loop.add_reader, receiver.fileno(),
+                                           self._adopt)
 
     def _adopt(self) -> None:
         if self._receiver is None:  # (released: the server stopped)

@@ -337,7 +337,6 @@ def test_a_worker_loop_sharing_its_callers_loop_lets_go_of_its_receiver_as_it_st
         s = TcpServer(None, 0, Handler(offer=()), limits=Limits())
         s.start()
         s.adopt_from(receiver)
-        await asyncio.sleep(0)  # (adopt_from registers the reader on the loop)
         return s
 
     try:
