@@ -25,7 +25,7 @@ the thread (:class:`transport.nsq.server.LoopServer` with no listening
 address, which serves the connections handed to a worker) share the loop, so
 a connection's reads, its actors and its writes run on one thread, with no
 wake-up or GIL hand-over between a socket thread and an actor thread (PUB
-and SUB on one worker with NSQ's bench clients: 1.2x-1.35x, BENCHMARKS.md).
+and SUB on one worker with NSQ's bench clients: 1.17x-1.35x, BENCHMARKS.md).
 Batches run inside greenlets (the ``greenlet`` package: no monkey patching;
 the loop knows nothing of them).  A thread's main greenlet is its scheduler
 (the loop); it
