@@ -281,17 +281,19 @@ def test_an_ephemeral_channel_goes_away_with_its_last_client(start_broker, tmp_p
 
 def test_ephemeral_channels_come_and_go_without_rewriting_the_topics_metadata(
         start_broker, tmp_path):
-    # Given a topic with a channel, whose metadata file lists it
+    # Given a topic with a channel, whose metadata file lists it (each command is an
+    # ask: the topic has written, or not, before it answers)
     b = start_broker()
-    Client(b, "d").sub("t", "durable")
-    wait_for(lambda: _stats(b, "t")["channels"], what="the channel")
+    b.topic_command("t", "hello")  # (creates the topic, as /topic/create)
+    b.topic_command("t", "create_channel", "durable")
     meta = tmp_path / "data" / "t.topic.json"
     written = os.stat(meta)
     # When an ephemeral channel comes and goes (the file does not list those)
-    c = Client(b, "c").sub("t", "tmp#ephemeral")
-    wait_for(lambda: len(_stats(b, "t")["channels"]) == 2, what="the ephemeral channel")
-    c.send(ClientGone())
-    wait_for(lambda: len(_stats(b, "t")["channels"]) == 1, what="the channel to go")
+    b.topic_command("t", "create_channel", "tmp#ephemeral")
+    assert {c["channel_name"] for c in _stats(b, "t")["channels"]} == {
+        "durable", "tmp#ephemeral"}
+    b.topic_command("t", "delete_channel", "tmp#ephemeral")
+    assert [c["channel_name"] for c in _stats(b, "t")["channels"]] == ["durable"]
     # Then the file was not written again (each write listed every channel: 10,000
     # ephemeral subscribers made the topic too slow to answer their SUBs)
     now = os.stat(meta)
