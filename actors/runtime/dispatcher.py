@@ -241,12 +241,11 @@ class _Worker:
                 if self.timers and self.timers[0][0] <= now:
                     self._fire_timers()
                     continue
-                runnable = runq and runq[0] is not _STOP and not self._stopped
-                if runnable:  # (after a stop nothing runs: the loop ends once this is over)
+                if self._has_runnable():
                     self._run(runq.popleft())
                     continue
                 woken.clear()
-                if done() or (runq and runq[0] is not _STOP and not self._stopped):
+                if done() or self._has_runnable():
                     continue  # (it came between the checks and the clear)
                 # nothing of this thread's to run: what it waits for comes from elsewhere
                 wait = None if deadline is None else deadline - now
@@ -257,6 +256,13 @@ class _Worker:
             return True
         finally:
             self._waits -= 1
+
+
+    def _has_runnable(self) -> bool:
+        """Something queued that may run now (after a stop nothing runs: the loop ends
+        once the wait is over)."""
+        runq = self.runq
+        return bool(runq) and runq[0] is not _STOP and not self._stopped
 
 
 def _close_loop(loop: asyncio.AbstractEventLoop) -> None:

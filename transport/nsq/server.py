@@ -629,16 +629,21 @@ class LoopServer:
         # on its dispatcher thread: actors.runtime.dispatcher) serves on that loop: the
         # connections handed to a worker are read, handled and written on one thread.
         running = _running_loop() if host is None else None
-        self._shared = running is not None
         self.loop = running or asyncio.new_event_loop()
+        self._shared = running is not None
         self._server: asyncio.base_events.Server | None = None
         self._thread: threading.Thread | None = None
         # Writes and drops from other threads, in order; one loop wake-up per burst
         self._out: list[tuple[BaseConn, Any]] = []  # bytes, None (close), tuple (hand-off)
         self._out_lock = threading.Lock()
         self._out_scheduled = False
-        self._loop_thread = threading.get_ident() if self._shared else None
+        self._loop_thread = threading.get_ident()  # (the shared loop's: this one)
         self._stopped = False
+
+    def _on_loop_thread(self) -> bool:
+        """Whether the caller runs on the shared loop's thread (where no self-pipe
+        wake-up is needed, and the loop can be called directly)."""
+        return self._shared and threading.get_ident() == self._loop_thread
 
     def start(self) -> int:
         """Bind and serve; returns the bound port.  (With no host, nothing is bound: the
@@ -718,7 +723,7 @@ class LoopServer:
                 return
             self._out_scheduled = True
         try:
-            if self._shared and threading.get_ident() == self._loop_thread:
+            if self._on_loop_thread():
                 self.loop.call_soon(self._flush_out)
             else:
                 self.loop.call_soon_threadsafe(self._flush_out)
@@ -810,7 +815,7 @@ class TcpServer(LoopServer):
         """Serve the connections other processes hand over through `receiver` (after
         :meth:`start`); it is closed with the server."""
         self._receiver = receiver
-        if self._shared and threading.get_ident() == self._loop_thread:
+        if self._on_loop_thread():
             self.loop.add_reader(receiver.fileno(), self._adopt)  # (a stop may come next)
         else:
             self.loop.call_soon_threadsafe(self.loop.add_reader, receiver.fileno(),
