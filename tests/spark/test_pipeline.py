@@ -319,7 +319,8 @@ def test_a_batch_committed_or_requeued_is_no_longer_held(spark):
     # message it holds is one more object for each full garbage collection), and
     # remembers only the committed one's ids
     assert reader._held == {}
-    assert list(reader._seen) == [("tcp://b", b"%016d" % i) for i in range(2)]
+    assert [("tcp://b", b"%016d" % i) in reader._seen for i in range(4)] == \
+        [True, True, False, False]
     assert (len(session.fins), len(session.outbox)) == (2, 2)
 
 
@@ -459,6 +460,22 @@ def test_a_message_the_reader_committed_is_left_out_when_it_comes_again(spark):
     assert len(session.fins) == 4  # the duplicate is FINed with its batch
     # the window holds the last two committed (2 and 3): 1 would be written again
     assert build(reader, [message(1), message(3)]).duplicates == 1
+
+
+def test_the_dedupe_window_remembers_at_least_its_size_and_forgets_the_oldest():
+    from transport.spark import _Remembered
+
+    window = _Remembered(1000)
+    for start in range(0, 5000, 100):  # batches of 100 keys, 0 .. 4999
+        window.add([("b", i) for i in range(start, start + 100)])
+        newest = start + 100
+        # every one of the last 1,000 is remembered, and none older than 1,250 back
+        assert all(("b", i) in window for i in range(max(0, newest - 1000), newest))
+        assert not any(("b", i) in window for i in range(0, max(0, newest - 1250)))
+    assert window.isdisjoint([("b", 1), ("a", 4999)])
+    assert not window.isdisjoint([("b", 1), ("b", 4999)])
+    assert not _Remembered(10)
+    assert _Remembered(10).isdisjoint([("b", 1)])
 
 
 def _count_prefetches(reader: TopicReader) -> threading.Semaphore:
