@@ -50,6 +50,7 @@ import dataclasses
 import datetime as dt
 import decimal
 import functools
+import gc
 import json
 import logging
 import math
@@ -1668,7 +1669,7 @@ def drain_to_parquet(spark: Any, topic: str, channel: str, endpoints: str | Sequ
                          staging_path=path.rstrip("/") + "/" + _STAGING,
                          client_options=client_options)
     reader._refused_after_write = True
-    with reader:
+    with reader, _collections_spaced():
         for batch in reader.batches():
             if batch.rows:
                 batch.df.write.mode("append").parquet(path)
@@ -1692,6 +1693,36 @@ def drain_to_parquet(spark: Any, topic: str, channel: str, endpoints: str | Sequ
 
 
 _STAGING = "_staging"  # under a drain's path: hidden from Spark's readers, as _bad_messages
+
+GC_FIRST_THRESHOLD = 10_000
+"""The garbage collector's first threshold while a drain runs (Python's is 700)."""
+
+
+@contextlib.contextmanager
+def _collections_spaced() -> Iterator[None]:
+    """While a drain runs, the garbage collector's youngest generation waits for
+    `GC_FIRST_THRESHOLD` new objects instead of 700 (restored after, unless something
+    else changed it meanwhile).
+
+    A drain keeps two batches of `Message`s alive (100,000 at its default batch size)
+    and makes a few objects a message; at Python's thresholds that set off a full
+    collection, which walks every object of the driver, about every 50,000
+    messages: 6 of 130 ms each in a drain of 300,000 rows, 2.6 us a row of the
+    driver's GIL, more than a third of it.  Waiting for 10,000 new objects makes
+    the collections of the young generations ~14 times rarer and a full one about
+    once in 300,000 messages (measured: 0 or 1 a drain of 300,000 rows), each
+    young collection a few milliseconds."""
+    before = gc.get_threshold()
+    if not before[0] or before[0] >= GC_FIRST_THRESHOLD:  # (off, or spaced already)
+        yield
+        return
+    spaced = (GC_FIRST_THRESHOLD, *before[1:])
+    gc.set_threshold(*spaced)
+    try:
+        yield
+    finally:
+        if gc.get_threshold() == spaced:
+            gc.set_threshold(*before)
 
 
 def _local_path(path: str) -> str | None:

@@ -240,15 +240,28 @@ def test_a_batch_not_committed_comes_back(spark, broker, tmp_path):
     assert {r._nsq_id for r in rows} == first_ids
 
 
-def test_drain_keeps_messages_it_cannot_read_aside(spark, broker, tmp_path):
+def test_drain_keeps_messages_it_cannot_read_aside(spark, broker, tmp_path, monkeypatch):
+    import gc
+
+    import transport.spark as spark_module
+
     bodies = [json.dumps({"id": i, "name": f"n{i}"}).encode() for i in range(20)]
     bodies += [b"not json", b"[1, 2]", json.dumps({"id": "seven", "name": "x"}).encode()]
     with Producer(broker.zmq_endpoint) as p:
         p.publish_batch("mixed", bodies)
     out = tmp_path / "out"
+    # (the collector's first threshold as each batch is staged: spaced while it drains)
+    thresholds = []
+    write = spark_module._Staging.write
+    monkeypatch.setattr(spark_module._Staging, "write", lambda staging, *a: (
+        thresholds.append(gc.get_threshold()[0]), write(staging, *a))[1])
+    before = gc.get_threshold()
     result = drain_to_parquet(spark, "mixed", "c", broker.zmq_endpoint, str(out),
                               schema=SCHEMA, idle_timeout=3, batch_timeout=1)
     assert (result.rows, result.bad) == (20, 3)
+    assert thresholds
+    assert set(thresholds) == {max(before[0], spark_module.GC_FIRST_THRESHOLD)}
+    assert gc.get_threshold() == before
     assert sorted(read_ids(spark, out)) == list(range(20))  # _bad_messages is hidden from readers
     assert not (out / "_staging").exists()  # each batch's staged lines went with it
     bad = spark.read.parquet(str(out / "_bad_messages")).collect()
@@ -476,6 +489,29 @@ def test_the_dedupe_window_remembers_at_least_its_size_and_forgets_the_oldest():
     assert not window.isdisjoint([("b", 1), ("b", 4999)])
     assert not _Remembered(10)
     assert _Remembered(10).isdisjoint([("b", 1)])
+
+
+def test_a_drain_spaces_the_young_garbage_collections_and_restores_them_after():
+    import gc
+
+    from transport.spark import GC_FIRST_THRESHOLD, _collections_spaced
+
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        with _collections_spaced():
+            assert gc.get_threshold() == (GC_FIRST_THRESHOLD, 10, 10)
+        assert gc.get_threshold() == (700, 10, 10)
+        # a threshold someone else set meanwhile is theirs: it stays
+        with _collections_spaced():
+            gc.set_threshold(500, 10, 10)
+        assert gc.get_threshold() == (500, 10, 10)
+        # a collector switched off (threshold 0) is left off
+        gc.set_threshold(0, 10, 10)
+        with _collections_spaced():
+            assert gc.get_threshold() == (0, 10, 10)
+    finally:
+        gc.set_threshold(*before)
 
 
 def _count_prefetches(reader: TopicReader) -> threading.Semaphore:
