@@ -39,7 +39,9 @@ per poll round), one that raises REQs it with a backoff that grows with its
 attempts (as go-nsq does), and a long handler can call ``message.touch()``.
 With ``auto_finish=False`` the handler only receives; the application calls
 ``finish()``/``requeue()`` later, from any thread (how the Spark reader FINs a
-micro-batch only after it is written).
+micro-batch only after it is written).  With ``batches=True`` the handler is
+called once for each delivery frame with the list of its messages (returning
+FINs them all, raising REQs them all; the Spark reader's way).
 HEARTBEATs are answered with NOP; a broker silent for two heartbeat intervals
 is treated as gone and the session is rebuilt with capped backoff.
 
@@ -540,8 +542,11 @@ class _Session:
             last_heard = time.monotonic()
             reply = parse_reply(recv_frames(self.sock))
             if isinstance(reply, PackedMessages | Messages):
-                for m in reply.messages:
-                    self._handle(*m)
+                if c.batches:
+                    self._handle_batch(reply.messages)
+                else:
+                    for m in reply.messages:
+                        self._handle(*m)
                 self._flush()
             elif isinstance(reply, ErrorReply):
                 if reply.error.fatal:
@@ -578,6 +583,24 @@ class _Session:
             msg.finish()
         c.handled += 1
 
+    def _handle_batch(self, delivered: list[tuple[bytes, int, int, bytes]]) -> None:
+        """`batches=True`: one handler call for a delivery frame's messages (a drain's
+        driver spent a sixth of its time on the calls and the attribute stores of
+        making and handing over each message by itself)."""
+        c = self.consumer
+        messages = [Message(i, body, ts, attempts, self) for i, ts, attempts, body in delivered]
+        try:
+            c.handler(messages)
+        except Exception:  # the handler failed: REQ each with a backoff, as `_handle`
+            log.exception("handler failed on %d messages", len(messages))
+            for m in messages:
+                m.requeue(min(c.max_requeue_delay_ms, 100 * 2 ** min(m.attempts, 16)))
+            return
+        if c.auto_finish:
+            for m in messages:
+                m.finish()
+        c.handled += len(messages)
+
     def _flush(self) -> None:
         """Send the queued FINs (500 ids a request; up to 5,000 in one frame to a broker
         that packs) and the other queued commands."""
@@ -608,11 +631,12 @@ class Consumer:
     them), or both.  See "Discovery" in the module docstring.
     """
 
-    def __init__(self, topic: str, channel: str, handler: Callable[[Message], None],
+    def __init__(self, topic: str, channel: str, handler: Callable[[Any], None],
                  endpoints: str | Sequence[str] = (), *, max_in_flight: int = 200,
                  heartbeat_interval_ms: int = 5000, msg_timeout_ms: int = 60_000,
                  max_requeue_delay_ms: int = 60_000, max_backoff: float = 5.0,
                  client_id: str | None = None, auto_finish: bool = True,
+                 batches: bool = False,
                  lookupd_http_addresses: Sequence[str] = (),
                  lookupd_poll_interval: float = 60.0, lookupd_poll_jitter: float = 0.3,
                  rdy_redistribute_interval: float = 5.0,
@@ -634,6 +658,7 @@ class Consumer:
         self.max_requeue_delay_ms = max_requeue_delay_ms
         self.max_backoff = max_backoff
         self.auto_finish = auto_finish
+        self.batches = batches
         self.client_id = client_id or f"py-{random.getrandbits(32):08x}"
         self.ctx: zmq.Context[Any] = zmq.Context()
         self.stopping = threading.Event()

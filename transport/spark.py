@@ -777,7 +777,8 @@ class TopicReader:
         self._closing = threading.Event()
         self.consumer = Consumer(topic, channel, self._delivered, list(eps),
                                  max_in_flight=2 * batch_size, msg_timeout_ms=msg_timeout_ms,
-                                 auto_finish=False, connections_per_broker=per_broker,
+                                 auto_finish=False, batches=True,
+                                 connections_per_broker=per_broker,
                                  max_rdy_per_connection=rdy_per_connection,
                                  lookupd_http_addresses=lookupd_http_addresses,
                                  lookupd_poll_interval=lookupd_poll_interval,
@@ -805,9 +806,11 @@ class TopicReader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _delivered(self, m: Message) -> None:
-        self._held[id(m)] = m
-        self._arrived.put(m)
+    def _delivered(self, messages: list[Message]) -> None:
+        self._held.update(zip(map(id, messages), messages, strict=True))
+        put = self._arrived.put
+        for m in messages:
+            put(m)
 
     def _keep(self) -> None:
         """The keeper thread's loop: each quarter of the message timeout, touch every

@@ -90,6 +90,37 @@ def test_a_failing_handler_gets_the_message_again(broker):
         wait_for(lambda: attempts == [1, 2], what="a second delivery")
 
 
+def test_a_batch_handler_gets_each_deliverys_messages_at_once_and_a_failure_requeues_them_all(
+        broker):
+    # Given a consumer whose handler takes lists, and fails the first delivery of each
+    calls: list[list[Message]] = []
+    seen: dict[bytes, list[int]] = {}
+    done = threading.Event()
+
+    def handler(messages: list[Message]) -> None:
+        calls.append(messages)
+        for m in messages:
+            seen.setdefault(m.body, []).append(m.attempts)
+        if all(attempts[-1] == 2 for attempts in seen.values()) and len(seen) == 300:
+            done.set()
+        if any(m.attempts == 1 for m in messages):
+            raise RuntimeError("not yet")
+
+    with Producer(broker.zmq_endpoint) as p:
+        p.publish_batch("batched", [b"x%d" % i for i in range(300)], batch_size=300)
+    with Consumer("batched", "c", handler, broker.zmq_endpoint, batches=True,
+                  max_in_flight=1000, max_requeue_delay_ms=50) as consumer:
+        # When it runs, Then every message came twice (the failed lists were requeued,
+        # each message of them), in lists of more than one
+        assert done.wait(30)
+        assert consumer.handled >= 300
+    assert all(attempts[:2] == [1, 2] for attempts in seen.values())
+    assert max(len(messages) for messages in calls) > 1
+    # (the second deliveries were FINed: nothing is left in flight or queued)
+    stats = broker.topic_stats("batched")["channels"][0]
+    assert (stats["in_flight_count"], stats["depth"]) == (0, 0)
+
+
 def test_a_silent_session_is_dropped_and_its_messages_go_to_another_consumer(broker):
     # Given a raw session that takes a message and then never speaks again
     ctx = zmq.Context()

@@ -322,7 +322,7 @@ def test_a_batch_committed_or_requeued_is_no_longer_held(spark):
     messages = [Message(b"%016d" % i, json.dumps({"id": i, "name": "x"}).encode(), 0, 1,
                         session) for i in range(4)]
     for m in messages:
-        reader._delivered(m)
+        reader._delivered([m])
     assert len(reader._held) == 4
     # When one batch is committed and the other requeued
     first, second = build(reader, messages[:2]), build(reader, messages[2:])
@@ -346,7 +346,7 @@ def test_an_earlier_copy_of_a_message_delivered_again_is_no_longer_held(spark):
     first, again, other = (Message(b"%016d" % i, b'{"id": 1, "name": "x"}', 0, attempts,
                                    session) for i, attempts in ((1, 1), (1, 2), (2, 1)))
     for m in (first, again, other):
-        reader._delivered(m)
+        reader._delivered([m])
     # When a batch is gathered, Then it has the later copy, and the reader holds only
     # what it gathered (the keeper would TOUCH the earlier copy for ever)
     assert reader._gather(1.0) == [again, other]
@@ -542,7 +542,7 @@ def test_the_next_batch_is_made_while_the_caller_holds_this_one_and_deduplicated
 
     prepared = _count_prefetches(reader)
     for m in (message(1), message(2), message(2), message(3)):
-        reader._delivered(m)
+        reader._delivered([m])
     try:
         batches = reader.batches()
         first = next(batches)
@@ -557,7 +557,7 @@ def test_the_next_batch_is_made_while_the_caller_holds_this_one_and_deduplicated
         second.commit()
         assert len(session.fins) == 4  # (the duplicate FINed with its batch)
         # And a third is made of what comes next
-        reader._delivered(message(4))
+        reader._delivered([message(4)])
         assert prepared.acquire(timeout=30)
     finally:
         # When the reader closes, Then the batch made ready and not yielded is requeued
@@ -587,7 +587,7 @@ def test_a_drains_dataframes_that_never_run_leave_no_query_listener_behind(spark
     before = _observation_listeners(spark)
     prepared = _count_prefetches(reader)
     for m in (message(1), message(2), message(2), message(3)):
-        reader._delivered(m)
+        reader._delivered([m])
     try:
         batches = reader.batches()
         for expected in ([1, 2], [3]):  # (the second remade without the redelivery)
@@ -596,7 +596,7 @@ def test_a_drains_dataframes_that_never_run_leave_no_query_listener_behind(spark
             batch._settle()  # (what the drain does after its write)
             batch.commit()
         # and a third made ready, never yielded
-        reader._delivered(message(4))
+        reader._delivered([message(4)])
         assert prepared.acquire(timeout=30)
         assert prepared.acquire(timeout=30)
     finally:
@@ -616,8 +616,8 @@ def test_a_next_batch_that_cannot_be_staged_is_requeued_and_its_error_raised(
                          batch_timeout=0.2, idle_timeout=None)
     session = SimpleNamespace(fins=deque(), outbox=deque(), thread=None, endpoint="tcp://b")
     for i in range(4):
-        reader._delivered(Message(b"%016d" % i, json.dumps({"id": i, "name": "x"}).encode(),
-                                  0, 1, session))
+        reader._delivered([Message(b"%016d" % i, json.dumps({"id": i, "name": "x"}).encode(),
+                                   0, 1, session)])
     assert reader._staging is not None
     write = reader._staging.write
     writes: list[str] = []
@@ -672,8 +672,8 @@ def _fake_reader(spark: Any, watched: int, **options: Any) -> tuple[TopicReader,
     reader._arrived = _Arrivals(b"%016d" % watched)  # type: ignore[assignment]
     session = SimpleNamespace(fins=deque(), outbox=deque(), thread=None, endpoint="tcp://b")
     for i in range(3):
-        reader._delivered(Message(b"%016d" % i, json.dumps({"id": i, "name": "x"}).encode(),
-                                  0, 1, session))
+        reader._delivered([Message(b"%016d" % i, json.dumps({"id": i, "name": "x"}).encode(),
+                                   0, 1, session)])
     return reader, session
 
 
@@ -742,7 +742,7 @@ def test_idle_timeout_counts_from_when_the_caller_asks_not_from_the_last_yield(s
         next(batches).commit()
         assert prepared.acquire(timeout=30)  # (it came back empty after 0.5 s)
         # When a message comes, and then the caller asks for the next batch
-        reader._delivered(Message(b"%016d" % 9, b'{"id": 9, "name": "x"}', 0, 1, session))
+        reader._delivered([Message(b"%016d" % 9, b'{"id": 9, "name": "x"}', 0, 1, session)])
         # Then it is a batch (the topic was not idle for 0.5 s since the caller asked)
         assert [r.id for r in next(batches).df.collect()] == [9]
     finally:
