@@ -194,8 +194,14 @@ def _consume(endpoint: str, topic: str, rows: int, batch_size: int) -> None:
     """Read `rows` messages of `topic` as the drain's reader does, without Spark: a
     Consumer with FIN held back, room for two batches in flight, each batch FINed."""
     got: queue.SimpleQueue[Message] = queue.SimpleQueue()
-    consumer = Consumer(topic, "consume", got.put, endpoint, max_in_flight=2 * batch_size,
-                        auto_finish=False, msg_timeout_ms=120_000,
+
+    def delivered(messages: list[Message]) -> None:  # (as the reader takes them)
+        put = got.put
+        for m in messages:
+            put(m)
+
+    consumer = Consumer(topic, "consume", delivered, endpoint, max_in_flight=2 * batch_size,
+                        auto_finish=False, batches=True, msg_timeout_ms=120_000,
                         connections_per_broker=-(-2 * batch_size // 2500))
     consumer.start()
     try:
