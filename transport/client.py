@@ -577,16 +577,15 @@ class _Session:
             c.handler(msg)
         except Exception:  # the handler failed: REQ with a backoff, as go-nsq does
             log.exception("handler failed on message %s (attempt %d)", msg_id, attempts)
-            msg.requeue(min(c.max_requeue_delay_ms, 100 * 2 ** min(attempts, 16)))
+            msg.requeue(c.requeue_delay_ms(attempts))
             return
         if c.auto_finish:
             msg.finish()
         c.handled += 1
 
     def _handle_batch(self, delivered: list[tuple[bytes, int, int, bytes]]) -> None:
-        """`batches=True`: one handler call for a delivery frame's messages (a drain's
-        driver spent a sixth of its time on the calls and the attribute stores of
-        making and handing over each message by itself)."""
+        """`batches=True`: one handler call for a delivery frame's messages (handing
+        them over one by one cost a drain's driver ~1 us a row of its ~5.7)."""
         c = self.consumer
         messages = [Message(i, body, ts, attempts, self) for i, ts, attempts, body in delivered]
         try:
@@ -594,7 +593,7 @@ class _Session:
         except Exception:  # the handler failed: REQ each with a backoff, as `_handle`
             log.exception("handler failed on %d messages", len(messages))
             for m in messages:
-                m.requeue(min(c.max_requeue_delay_ms, 100 * 2 ** min(m.attempts, 16)))
+                m.requeue(c.requeue_delay_ms(m.attempts))
             return
         if c.auto_finish:
             for m in messages:
@@ -680,6 +679,11 @@ class Consumer:
         self._discovery: threading.Thread | None = None
         for e in eps:
             self._add(e)
+
+    def requeue_delay_ms(self, attempts: int) -> int:
+        """The delay of a REQ after a handler failed: it doubles with the attempts
+        (from 100 ms), up to ``max_requeue_delay_ms`` (as go-nsq's backoff)."""
+        return min(self.max_requeue_delay_ms, 100 * 2 ** min(attempts, 16))
 
     # -- sessions -------------------------------------------------------------------
 

@@ -1244,7 +1244,7 @@ class _Remembered:
     one begun when it holds a quarter of `size`, and the oldest forgotten once the
     newer ones hold `size` without it.  Adding a key costs a set's insertion, and
     forgetting is dropping a set: an OrderedDict kept exactly `size` but cost 1.2 us a
-    key with a window of 1,000,000 (a set's 0.3), most of a drain's bookkeeping."""
+    key with a window of 1,000,000 (a set's 0.3), 10 % of a drain's driver."""
 
     def __init__(self, size: int) -> None:
         self.size = size
