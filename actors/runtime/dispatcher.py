@@ -172,20 +172,15 @@ class _Worker:
         if item is _NOTHING:
             return
         if type(item) is _Resume:
-            runner = item.runner
-            self.current = item.runnable
-            try:
-                result = runner.switch(item.value)
-            finally:
-                self.current = None
+            runner, self.current, value = item.runner, item.runnable, item.value
         else:
             runner = self.idle_runners.pop() if self.idle_runners else greenlet.greenlet(
                 _runner_main, parent=self.hub)
-            self.current = item
-            try:
-                result = runner.switch(item)
-            finally:
-                self.current = None
+            self.current = value = item
+        try:
+            result = runner.switch(value)
+        finally:
+            self.current = None
         if result is _DONE:
             self.idle_runners.append(runner)
         # else _PARKED: the runner now belongs to the parked runnable's Waiter
@@ -256,7 +251,6 @@ class _Worker:
             return True
         finally:
             self._waits -= 1
-
 
     def _has_runnable(self) -> bool:
         """Something queued that may run now (after a stop nothing runs: the loop ends
