@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from actors.broker.channel_state import DELAYED, ChannelState
+from actors.broker.channel_state import DELAYED, MIN_SHARE, ChannelState
 from actors.broker.errors import BrokerError
 from actors.broker.nsq_message import (
     FIRST_ATTEMPT,
@@ -75,6 +75,26 @@ def test_ready_clients_share_a_batch_equally_as_runs():
     for run in got.values():
         start = sent.index(run[0])
         assert run == sent[start : start + 1000]
+
+
+def test_many_ready_clients_take_runs_of_at_least_min_share_not_slivers():
+    # Given 40 clients with room for 2500 each (a drain's sessions) and a read of 512
+    ch = channel(mem_queue_size=10_000, rng=random.Random(5))
+    for i in range(40):
+        ch.subscribe(f"c{i}", 60 * SECOND)
+        ch.set_rdy(f"c{i}", 2500)
+    ch.put(msgs(512))
+    got = deliver(ch)
+    # Then it goes out as 4 runs of 128 (an even split was 40 runs of 13: a frame and
+    # a FIN frame each), to clients picked at random
+    assert sorted(len(v) for v in got.values()) == [MIN_SHARE] * (512 // MIN_SHARE)
+    assert sum(len(v) for v in got.values()) == 512
+    # And a later read goes to others as well: over many, every client gets some
+    for k in range(1, 150):
+        ch.put(msgs(512, start=512 * k))
+        for name, run in deliver(ch).items():
+            got.setdefault(name, []).extend(run)
+    assert len(got) == 40
 
 
 def test_a_client_with_less_room_takes_what_fits_and_the_others_the_rest():
