@@ -29,8 +29,11 @@ A broker drops a session silent for two heartbeat intervals, and a producer
 never answers HEARTBEATs: a socket idle for 1.5 intervals (the IDENTIFY
 answer's) is replaced, so the next request starts a session that AUTHs again.
 
-**Consumer.**  One thread per broker runs a session: IDENTIFY (heartbeat
-interval, message timeout, ``packed_messages``), SUB, RDY, then a poll loop.
+**Consumer.**  A session per broker (``connections_per_broker`` of them):
+IDENTIFY (heartbeat interval, message timeout, ``packed_messages``), SUB, RDY.
+One I/O thread polls every session's socket and calls the handler (a thread
+per session cost twice the CPU a message with the 40 sessions of a Spark drain);
+FINs, REQs and TOUCHes queued from other threads wake it.
 A broker that packs sends each batch of deliveries as one MESSAGES frame and
 takes the FIN ids of a round in one frame.  ``max_in_flight``
 is spread across the brokers as RDY.  Each delivered message goes to the
@@ -66,6 +69,7 @@ import contextlib
 import itertools
 import json
 import logging
+import os
 import random
 import threading
 import time
@@ -400,7 +404,7 @@ class Message:
     """A delivered message; FIN/REQ/TOUCH go back to the broker that sent it.
 
     The three calls may come from any thread: they are queued and the
-    session's thread sends them (within one poll round, 100 ms at most; a
+    consumer's I/O thread sends them (within one poll round, 100 ms at most; a
     TOUCH from the handler itself goes at once).
     """
 
@@ -421,28 +425,35 @@ class Message:
     def finish(self) -> None:
         if not self.responded:
             self.responded = True
-            self._session.fins.append(self.id)
+            session = self._session
+            session.fins.append(self.id)
+            c = session.consumer
+            if not c.woken and threading.get_ident() != c.io_ident:
+                c.wake()  # (the I/O thread itself sends its FINs after the handler)
 
     def requeue(self, delay_ms: int = 0) -> None:
         if not self.responded:
             self.responded = True
             self._session.outbox.append(pc.Req(self.id, delay_ms))
+            self._session.consumer.wake()
 
     def touch(self) -> None:
         session = self._session
         session.outbox.append(pc.Touch(self.id))
-        if threading.current_thread() is session.thread:
+        if threading.current_thread() is session.consumer.io_thread:
             session._flush()  # a long handler touches while it still holds the thread
+        else:
+            session.consumer.wake()
 
 
 class _Session:
-    """One consumer connection to one broker, run by its own thread."""
+    """One consumer connection to one broker, run by the consumer's I/O thread."""
 
     def __init__(self, consumer: Consumer, endpoint: str, rdy: int) -> None:
         self.consumer = consumer
         self.endpoint = endpoint
         self.rdy = rdy
-        self.fins: deque[bytes] = deque()  # thread-safe appends; drained by the session
+        self.fins: deque[bytes] = deque()  # thread-safe appends; drained by the I/O thread
         self.outbox: deque[Any] = deque()
         self.sock: zmq.Socket[Any] | None = None
         self.monitor: zmq.Socket[Any] | None = None
@@ -452,96 +463,101 @@ class _Session:
         # IDENTIFY reply said packed_messages: an older broker sends MESSAGE frames)
         self.packed = False
         self.fins_per_frame = 500  # (packed: as many as the broker's max_body_size holds)
-        self.stop = threading.Event()  # this session only (its broker left the lookups)
-        self.thread = threading.Thread(target=self.run, name=f"consumer-{endpoint}", daemon=True)
+        self.stop = False  # this session only (its broker left the lookups), or all
+        self.backoff = 0.05
+        self.retry_at = 0.0  # (no socket: when to open one again)
+        self.last_heard = 0.0
+        self.cls_sent = False
+        self.cls_done = False  # the broker answered CLS: it delivers nothing more
 
     def send(self, command: Any, corr: bytes | None = None) -> None:
         assert self.sock is not None
         send_frames(self.sock, encode_request(command, corr))
 
-    def run(self) -> None:
-        backoff = 0.05
-        c = self.consumer
-        while not self.stop.is_set():
-            try:
-                self._session()
-                backoff = 0.05
-            except (TimeoutError, zmq.ZMQError, BrokerRefused) as e:
-                log.warning("consumer session with %s ended: %s", self.endpoint, e)
-            self._close_socket()
-            if self.up:  # its share goes to the sessions still up until it is back
-                self.up = False
-                self.rdy = 0
-                if not c.stopping.is_set():
-                    c._share_rdy()
-            self.stop.wait(backoff)
-            backoff = min(c.max_backoff, backoff * 2)
-        self.leave()
-
-    def leave(self) -> None:
-        if not self.left:
-            self.left = True
-            self.consumer.session_closing(self)
-
-    def set_rdy(self, count: int) -> None:
-        """A new share of ``max_in_flight`` (sent by the session's thread)."""
-        if count != self.rdy:
-            self.rdy = count
-            self.outbox.append(pc.Rdy(count))
-
-    def _close_socket(self) -> None:
-        # Never raises: disable_monitor on a context being terminated raises ETERM, and
-        # a session thread that died of it left its socket open, so the consumer's
-        # close() waited forever in Context.term() (a 180 s hang in the suite).
-        sock, monitor, self.sock, self.monitor = self.sock, self.monitor, None, None
-        if sock is None:
-            return
-        if monitor is not None:
-            with contextlib.suppress(zmq.ZMQError):
-                sock.disable_monitor()
-            monitor.close(linger=0)
-        sock.close(linger=0)
-
-    def _session(self) -> None:
+    def open(self, now: float) -> None:
+        """A new socket, and the session's first commands: IDENTIFY, AUTH, SUB, RDY."""
         c = self.consumer
         self.packed = False  # (until this broker's IDENTIFY reply says so)
+        self.cls_sent = self.cls_done = False
         self.sock = _socket(c.ctx, self.endpoint, c.curve)
         # A DEALER reconnects by itself, but the broker behind it may be a new one that
         # knows nothing of this session: on a disconnect, start the session afresh
         # (IDENTIFY, SUB, RDY) at once rather than after two silent heartbeats.
         self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        poller = zmq.Poller()
-        poller.register(self.sock, zmq.POLLIN)
-        poller.register(self.monitor, zmq.POLLIN)
-        hb = c.heartbeat_interval_ms
-        self.send(pc.Identify({"client_id": c.client_id, "heartbeat_interval": hb,
+        c.poller.register(self.sock, zmq.POLLIN)
+        c.poller.register(self.monitor, zmq.POLLIN)
+        c.owner[self.sock] = c.owner[self.monitor] = self
+        self.last_heard = now
+        self.send(pc.Identify({"client_id": c.client_id,
+                               "heartbeat_interval": c.heartbeat_interval_ms,
                                "msg_timeout": c.msg_timeout_ms, "packed_messages": True,
                                "user_agent": "zmqnsq-python/0.1"}), b"#identify")
         if c.auth_secret is not None:
             self.send(pc.Auth(c.auth_secret), b"#auth")  # (the broker answers it before SUB)
         self.send(pc.Sub(c.topic, c.channel), b"#sub")
         self.send(pc.Rdy(self.rdy))
-        last_heard = time.monotonic()
-        closing = False
-        while True:
-            if self.stop.is_set() and not closing:
-                self._flush()
-                self.send(pc.Cls(), b"#cls")
-                closing = True
-                close_deadline = time.monotonic() + 2.0
-            ready = dict(poller.poll(100))
-            if self.monitor in ready and not closing:
-                raise TimeoutError(f"{self.endpoint} disconnected")
-            if self.sock not in ready:
-                self._flush()
-                if time.monotonic() - last_heard > 2 * hb / 1000:
-                    raise TimeoutError(f"{self.endpoint} silent for two heartbeat intervals")
-                if closing and time.monotonic() > close_deadline:
-                    return  # no answer to CLS: closing the socket requeues all the same
-                continue
-            last_heard = time.monotonic()
-            reply = parse_reply(recv_frames(self.sock))
+
+    def close_socket(self) -> None:
+        # Never raises: disable_monitor on a context being terminated raises ETERM, and
+        # a socket left open makes the consumer's close() wait forever in Context.term().
+        sock, monitor, self.sock, self.monitor = self.sock, self.monitor, None, None
+        if sock is None:
+            return
+        c = self.consumer
+        for part in (sock, monitor):
+            if part is not None:
+                c.owner.pop(part, None)
+                with contextlib.suppress(KeyError):
+                    c.poller.unregister(part)
+        if monitor is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                sock.disable_monitor()
+            monitor.close(linger=0)
+        sock.close(linger=0)
+
+    def failed(self, error: Exception, now: float) -> None:
+        """The session ended badly: closed, its RDY share to the others, and opened
+        again after a backoff that doubles (from 50 ms, to ``max_backoff``)."""
+        c = self.consumer
+        log.warning("consumer session with %s ended: %s", self.endpoint, error)
+        self.close_socket()
+        if self.up:  # its share goes to the sessions still up until it is back
+            self.up = False
+            self.rdy = 0
+            if not c.stopping.is_set():
+                c._share_rdy()
+        self.retry_at = now + self.backoff
+        self.backoff = min(c.max_backoff, self.backoff * 2)
+
+    def tick(self, now: float) -> None:
+        """Each round of the I/O loop: send what is queued; CLS once the session is to
+        stop; a broker silent for two heartbeat intervals is gone."""
+        self._flush()
+        if self.stop and not self.cls_sent:
+            self.send(pc.Cls(), b"#cls")
+            self.cls_sent = True
+        if not self.cls_sent and \
+                now - self.last_heard > 2 * self.consumer.heartbeat_interval_ms / 1000:
+            assert self.sock is not None
+            if self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                return  # (not silent: a long handler kept the thread from reading it)
+            raise TimeoutError(f"{self.endpoint} silent for two heartbeat intervals")
+
+    def readable(self, now: float) -> None:
+        """Handle what the broker sent (up to 16 frames, so that one busy broker does
+        not starve the others)."""
+        assert self.sock is not None
+        c = self.consumer
+        self.last_heard = now
+        for _ in range(16):
+            try:
+                frames = recv_frames(self.sock, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            reply = parse_reply(frames)
             if isinstance(reply, PackedMessages | Messages):
+                if self.cls_done:
+                    continue  # (cannot happen after CLS's OK; a broker that did: ignored)
                 if c.batches:
                     self._handle_batch(reply.messages)
                 else:
@@ -553,22 +569,29 @@ class _Session:
                     raise BrokerRefused(reply.error.code, reply.error.text)
                 log.info("broker %s: %s", self.endpoint, reply.error)
             elif isinstance(reply, Ok):
-                if closing and reply.corr == b"#cls":
-                    self.leave()  # keep the socket open until every session has CLSed
-                    return
-                if reply.corr == b"#identify":
+                if reply.corr == b"#cls" and self.cls_sent:
+                    self.cls_done = True
+                elif reply.corr == b"#identify":
                     answer = _identified(reply)
                     self.packed = answer.get("packed_messages") is True
                     self.fins_per_frame = max(1, min(
                         5000, int(answer.get("max_body_size") or 0) // pc.MSG_ID_LENGTH))
-                if reply.corr == b"#sub" and not self.up:
+                elif reply.corr == b"#sub" and not self.up:
                     self.up = True
+                    self.backoff = 0.05
                     c._share_rdy()
                     self._flush()
             elif isinstance(reply, ProtocolError):
                 raise TimeoutError(f"{self.endpoint} sent a malformed reply: {reply}")
             else:  # HEARTBEAT
                 self.send(pc.Nop())
+
+    def set_rdy(self, count: int) -> None:
+        """A new share of ``max_in_flight`` (sent by the I/O thread)."""
+        if count != self.rdy:
+            self.rdy = count
+            self.outbox.append(pc.Rdy(count))
+            self.consumer.wake()
 
     def _handle(self, msg_id: bytes, timestamp: int, attempts: int, body: bytes) -> None:
         c = self.consumer
@@ -669,14 +692,21 @@ class Consumer:
         self.redistribute_interval = rdy_redistribute_interval
         self.connections_per_broker = max(1, connections_per_broker)
         self.max_rdy_per_connection = max_rdy_per_connection  # (nsqd's --max-rdy-count)
-        self._lock = threading.Lock()  # sessions, and the close barrier
+        self._lock = threading.Lock()  # sessions
         self.sessions: dict[str, _Session] = {}
-        self._closing = threading.Condition(self._lock)
-        self._open = 0
+        self._leaving: list[_Session] = []  # removed (their broker left the lookups)
         self._rotation = 0
         self._paused = False
-        self._started = False
         self._discovery: threading.Thread | None = None
+        # every session's socket, on one thread (a thread each was ~2x the CPU a message
+        # with the 40 sessions of a drain)
+        self.io_thread = threading.Thread(target=self._io, daemon=True,
+                                          name=f"consumer-{topic}/{channel}")
+        self.poller = zmq.Poller()
+        self.owner: dict[Any, _Session] = {}  # a session's socket or monitor -> it
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.woken = False
+        self.io_ident: int | None = None
         for e in eps:
             self._add(e)
 
@@ -688,8 +718,8 @@ class Consumer:
     # -- sessions -------------------------------------------------------------------
 
     def _add(self, endpoint: str) -> None:
-        """``connections_per_broker`` sessions to `endpoint` (started if the consumer
-        runs), unless it has them."""
+        """``connections_per_broker`` sessions to `endpoint` (opened by the I/O thread),
+        unless it has them."""
         added = []
         with self._lock:
             if self.stopping.is_set():
@@ -699,23 +729,22 @@ class Consumer:
                 if key not in self.sessions:
                     self.sessions[key] = _Session(self, endpoint, 0)
                     added.append(self.sessions[key])
-        if not added:
-            return
-        self._share_rdy()
-        if self._started:
-            for session in added:
-                session.thread.start()
+        if added:
+            self._share_rdy()
+            self.wake()
 
     def _remove(self, endpoint: str) -> None:
         """Stop the sessions with a broker that left every lookup (CLS, then close)."""
         with self._lock:
             gone = [self.sessions.pop(k) for k in list(self.sessions)
                     if self.sessions[k].endpoint == endpoint]
+            for session in gone:
+                session.stop = True
+            self._leaving.extend(gone)
         if gone:
             log.info("consumer: %s left the lookups; closing its session", endpoint)
-            for session in gone:
-                session.stop.set()
             self._share_rdy()
+            self.wake()
 
     def _share_rdy(self) -> None:
         """Spread ``max_in_flight`` over the sessions that are up (subscribed) as RDY, so a
@@ -742,18 +771,99 @@ class Consumer:
         for i, session in enumerate(sessions):
             session.set_rdy(1 if i in window else 0)
 
-    def session_closing(self, session: _Session) -> None:
-        """Called once by each session as it ends.  While the consumer closes, it waits
-        (2 s at most) for the others: a session's socket closing makes the broker
-        requeue its in-flight messages, which would go straight to a sibling session
-        still open and count an attempt each time, so no session closes before all
-        have sent CLS (which stops deliveries to them)."""
-        if not self.stopping.is_set():
-            return  # (one broker left the lookups: nothing to wait for)
-        with self._closing:
-            self._open -= 1
-            self._closing.notify_all()
-            self._closing.wait_for(lambda: self._open <= 0, timeout=2.0)
+    def wake(self) -> None:
+        """Have the I/O thread send what another thread queued (a FIN, RDY, a new session,
+        close) now rather than at its next round (100 ms)."""
+        if not self.woken:
+            self.woken = True
+            with contextlib.suppress(BlockingIOError):
+                os.write(self._wake_w, b"w")
+
+    def _io(self) -> None:
+        """The I/O thread: every session's socket in one poll loop.
+
+        Every 100 ms (or when woken) a round over the sessions: one without a
+        socket opens one when its backoff is over; the others send what is queued
+        (see ``_Session.tick``).  A session whose broker fails (disconnect,
+        silence, refusal, garbage) closes its socket and waits its backoff.  A
+        removed session sends CLS and closes on the answer.  When the consumer
+        closes, every session sends CLS and the sockets close together once each
+        has answered (2 s at most): a socket closing makes its broker requeue its
+        in-flight messages, which would go straight to a sibling session still
+        open and count an attempt each time."""
+        poller, owner = self.poller, self.owner
+        self.io_ident = threading.get_ident()
+        poller.register(self._wake_r, zmq.POLLIN)
+        close_by: float | None = None
+        next_round = 0.0
+        try:
+            while True:
+                now = time.monotonic()
+                if self.woken or now >= next_round:
+                    self.woken = True  # (wakes are not needed while the round runs)
+                    next_round = now + 0.1
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self._wake_r, 4096)
+                    if self._round(now) and close_by is None:
+                        close_by = now + 2.0
+                    if close_by is not None and self._closed(now >= close_by):
+                        return
+                    self.woken = False
+                wait = max(0.0, next_round - time.monotonic())
+                with self._lock:
+                    waiting = [x.retry_at for x in self.sessions.values() if x.sock is None]
+                if waiting:
+                    wait = max(0.0, min(wait, min(waiting) - now))
+                for sock, _ in poller.poll(wait * 1000):
+                    session = owner.get(sock)
+                    if session is None:
+                        continue  # (the waker: the next round runs at once)
+                    now = time.monotonic()
+                    try:
+                        if sock is session.monitor:
+                            sock.recv_multipart()  # (the event itself says nothing more)
+                            if not session.cls_sent:
+                                raise TimeoutError(f"{session.endpoint} disconnected")
+                        elif session.sock is not None:
+                            session.readable(now)
+                    except (TimeoutError, zmq.ZMQError, BrokerRefused) as e:
+                        session.failed(e, now)
+        finally:
+            poller.unregister(self._wake_r)
+
+    def _round(self, now: float) -> bool:
+        """Open, tick and retire the sessions; True once the consumer is stopping."""
+        stopping = self.stopping.is_set()
+        with self._lock:
+            sessions = list(self.sessions.values()) + self._leaving
+        for session in sessions:
+            if stopping:
+                session.stop = True
+            try:
+                if session.sock is None and not session.stop and now >= session.retry_at:
+                    session.open(now)
+                if session.sock is not None:
+                    session.tick(now)
+            except (TimeoutError, zmq.ZMQError, BrokerRefused) as e:
+                session.failed(e, now)
+        if not stopping:
+            with self._lock:
+                for session in self._leaving:
+                    if session.cls_done or session.sock is None:
+                        session.close_socket()
+                self._leaving = [x for x in self._leaving if x.sock is not None]
+        return stopping
+
+    def _closed(self, late: bool) -> bool:
+        """While closing: once every session has answered CLS (or has no socket), or
+        `late`, close every socket; True when they are closed."""
+        with self._lock:
+            sessions = list(self.sessions.values()) + self._leaving
+        if not late and not all(x.sock is None or x.cls_done for x in sessions):
+            return False
+        for session in sessions:
+            session.close_socket()
+        return True
 
     # -- discovery ------------------------------------------------------------------
 
@@ -818,6 +928,7 @@ class Consumer:
             marker = threading.Event()
             s.outbox.extend((pc.Rdy(0), marker))
             sent.append(marker)
+        self.wake()
         deadline = time.monotonic() + timeout
         for marker in sent:
             marker.wait(max(0.0, deadline - time.monotonic()))
@@ -831,11 +942,7 @@ class Consumer:
     def start(self) -> Consumer:
         if self.lookupds:
             self.poll_lookupds()  # (the first poll at once: the jitter is for the next)
-        with self._lock:
-            self._started = True
-            sessions = list(self.sessions.values())
-        for s in sessions:
-            s.thread.start()
+        self.io_thread.start()
         if self.lookupds:
             self._discovery = threading.Thread(target=self._discover, daemon=True,
                                                name=f"consumer-lookupd-{self.topic}")
@@ -843,19 +950,18 @@ class Consumer:
         return self
 
     def close(self, timeout: float = 5.0) -> None:
-        """CLS every session, wait for the threads, close the sockets."""
-        with self._lock:
-            self.stopping.set()
-            sessions = list(self.sessions.values())
-            self._open = sum(1 for s in sessions if s.thread.is_alive())
-        for s in sessions:
-            s.stop.set()
-        for s in sessions:
-            if s.thread.is_alive():
-                s.thread.join(timeout)
+        """CLS every session, close the sockets once all have answered, stop the
+        threads."""
+        self.stopping.set()
+        self.wake()
+        if self.io_thread.is_alive():
+            self.io_thread.join(timeout)
         if self._discovery is not None:
             self._discovery.join(timeout)
         self.ctx.term()
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def __enter__(self) -> Consumer:
         return self.start()

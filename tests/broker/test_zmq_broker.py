@@ -67,6 +67,37 @@ def test_a_consumer_with_more_in_flight_than_one_rdy_opens_several_sessions(brok
         p.publish_batch("many", [b"m%d" % i for i in range(3000)], batch_size=500)
         wait_for(lambda: len(got.bodies) == 3000, what="every message")
         assert sorted(s.rdy for s in consumer.sessions.values()) == [2500] * 4
+        # and the four sessions are served by one thread, the consumer's I/O thread
+        assert [t.name for t in threading.enumerate() if t.name.startswith("consumer-")] \
+            == ["consumer-many/c"]
+
+
+def test_closing_a_consumer_requeues_its_messages_to_no_session_of_its_own(broker):
+    # Given a consumer with four sessions holding 3,000 messages unfinished
+    held: list[Message] = []
+    everything = threading.Event()
+
+    def hold(batch: list[Message]) -> None:
+        held.extend(batch)  # (the I/O thread is the only caller)
+        if len(held) == 3000:
+            everything.set()
+
+    first = Consumer("closing", "c", hold, broker.zmq_endpoint, max_in_flight=10_000,
+                     connections_per_broker=4, auto_finish=False, batches=True).start()
+    with Producer(broker.zmq_endpoint) as p:
+        wait_for(lambda: broker.topic_stats("closing")["channels"], what="channel")
+        p.publish_batch("closing", [b"m%d" % i for i in range(3000)], batch_size=500)
+    assert everything.wait(30)
+    assert {m.attempts for m in held} == {1}
+    # When it closes
+    first.close()
+    # Then every session said CLS before any socket closed: no sibling took a message
+    # back (a second attempt), so the next consumer gets each at its second attempt
+    attempts: list[int] = []
+    with Consumer("closing", "c", lambda m: attempts.append(m.attempts), broker.zmq_endpoint,
+                  max_in_flight=3000):
+        wait_for(lambda: len(attempts) == 3000, what="every message again")
+    assert set(attempts) == {2}
 
 
 def test_a_refused_publish_raises_with_nsqds_code(broker):

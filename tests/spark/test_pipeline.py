@@ -37,6 +37,12 @@ pytestmark = pytest.mark.timeout(240)
 SCHEMA = "id long, name string"
 
 
+def _session(endpoint: str | None = None) -> Any:
+    """A stand-in for a consumer's session: what a Message's FIN, REQ and TOUCH use."""
+    consumer = SimpleNamespace(woken=True, io_ident=None, io_thread=None, wake=lambda: None)
+    return SimpleNamespace(fins=deque(), outbox=deque(), endpoint=endpoint, consumer=consumer)
+
+
 def rows_df(spark: Any, n: int, partitions: int = 4) -> Any:
     return (spark.range(0, n, numPartitions=partitions)
             .withColumn("name", F.concat(F.lit("row-"), F.col("id").cast("string"))))
@@ -318,7 +324,7 @@ def test_a_batch_committed_or_requeued_is_no_longer_held(spark):
     # Given a reader holding two batches' deliveries
     reader = TopicReader(spark, "t", "c", "tcp://127.0.0.1:1", schema=SCHEMA,
                          dedupe_window=10)
-    session = SimpleNamespace(fins=deque(), outbox=deque(), thread=None, endpoint="tcp://b")
+    session = _session("tcp://b")
     messages = [Message(b"%016d" % i, json.dumps({"id": i, "name": "x"}).encode(), 0, 1,
                         session) for i in range(4)]
     for m in messages:
@@ -342,7 +348,7 @@ def test_an_earlier_copy_of_a_message_delivered_again_is_no_longer_held(spark):
     # reader gathered it
     reader = TopicReader(spark, "t", "c", "tcp://127.0.0.1:1", schema=SCHEMA,
                          batch_timeout=0.1)
-    session = SimpleNamespace(fins=deque(), outbox=deque(), thread=None, endpoint="tcp://b")
+    session = _session("tcp://b")
     first, again, other = (Message(b"%016d" % i, b'{"id": 1, "name": "x"}', 0, attempts,
                                    session) for i, attempts in ((1, 1), (1, 2), (2, 1)))
     for m in (first, again, other):
@@ -457,7 +463,7 @@ def build(reader: TopicReader, messages: list[Message]) -> Any:
 
 def test_a_message_the_reader_committed_is_left_out_when_it_comes_again(spark):
     reader = TopicReader(spark, "t", "c", "tcp://127.0.0.1:1", schema=SCHEMA, dedupe_window=2)
-    session = SimpleNamespace(fins=deque(), outbox=deque(), thread=None)
+    session = _session()
 
     def message(i: int) -> Message:
         return Message(b"%016d" % i, json.dumps({"id": i, "name": "x"}).encode(), 0, 1,
@@ -534,7 +540,7 @@ def test_the_next_batch_is_made_while_the_caller_holds_this_one_and_deduplicated
     # deliveries of 1, 2, a redelivery of 2 (its first copy not yet committed) and 3
     reader = TopicReader(spark, "t", "c", "tcp://127.0.0.1:1", schema=SCHEMA, batch_size=2,
                          batch_timeout=0.2, idle_timeout=None, dedupe_window=10)
-    session = SimpleNamespace(fins=deque(), outbox=deque(), thread=None, endpoint="tcp://b")
+    session = _session("tcp://b")
 
     def message(i: int) -> Message:
         return Message(b"%016d" % i, json.dumps({"id": i, "name": "x"}).encode(), 0, 1,
@@ -578,7 +584,7 @@ def test_a_drains_dataframes_that_never_run_leave_no_query_listener_behind(spark
                          batch_timeout=0.2, idle_timeout=None, dedupe_window=10,
                          staging_path=str(tmp_path / "staging"))
     reader._refused_after_write = True
-    session = SimpleNamespace(fins=deque(), outbox=deque(), thread=None, endpoint="tcp://b")
+    session = _session("tcp://b")
 
     def message(i: int) -> Message:
         return Message(b"%016d" % i, json.dumps({"id": i, "name": "x"}).encode(), 0, 1,
@@ -614,7 +620,7 @@ def test_a_next_batch_that_cannot_be_staged_is_requeued_and_its_error_raised(
     # prefetch thread while the first is held
     reader = TopicReader(spark, "t", "c", "tcp://127.0.0.1:1", schema=SCHEMA, batch_size=2,
                          batch_timeout=0.2, idle_timeout=None)
-    session = SimpleNamespace(fins=deque(), outbox=deque(), thread=None, endpoint="tcp://b")
+    session = _session("tcp://b")
     for i in range(4):
         reader._delivered([Message(b"%016d" % i, json.dumps({"id": i, "name": "x"}).encode(),
                                    0, 1, session)])
@@ -670,7 +676,7 @@ def _fake_reader(spark: Any, watched: int, **options: Any) -> tuple[TopicReader,
     reader = TopicReader(spark, "t", "c", "tcp://127.0.0.1:1", schema=SCHEMA, batch_size=2,
                          **options)
     reader._arrived = _Arrivals(b"%016d" % watched)  # type: ignore[assignment]
-    session = SimpleNamespace(fins=deque(), outbox=deque(), thread=None, endpoint="tcp://b")
+    session = _session("tcp://b")
     for i in range(3):
         reader._delivered([Message(b"%016d" % i, json.dumps({"id": i, "name": "x"}).encode(),
                                    0, 1, session)])
@@ -777,7 +783,7 @@ def test_two_brokers_messages_with_the_same_id_are_two_messages(spark):
     # reader kept one message per id, and the other broker's was never written)
     reader = TopicReader(spark, "t", "c", "tcp://127.0.0.1:1", schema=SCHEMA,
                          batch_timeout=0.2, dedupe_window=10)
-    sessions = [SimpleNamespace(fins=deque(), outbox=deque(), thread=None, endpoint=e)
+    sessions = [_session(e)
                 for e in ("tcp://b0", "tcp://b1")]
 
     def message(session: Any, i: int) -> Message:
