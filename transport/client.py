@@ -457,7 +457,6 @@ class _Session:
         self.outbox: deque[Any] = deque()
         self.sock: zmq.Socket[Any] | None = None
         self.monitor: zmq.Socket[Any] | None = None
-        self.left = False
         self.up = False  # subscribed (SUB answered): it gets a share of max_in_flight
         # the broker packs deliveries in one frame, and takes many FIN ids in one (its
         # IDENTIFY reply said packed_messages: an older broker sends MESSAGE frames)
@@ -468,6 +467,7 @@ class _Session:
         self.retry_at = 0.0  # (no socket: when to open one again)
         self.last_heard = 0.0
         self.cls_sent = False
+        self.cls_sent_at = 0.0
         self.cls_done = False  # the broker answered CLS: it delivers nothing more
 
     def send(self, command: Any, corr: bytes | None = None) -> None:
@@ -536,6 +536,7 @@ class _Session:
         if self.stop and not self.cls_sent:
             self.send(pc.Cls(), b"#cls")
             self.cls_sent = True
+            self.cls_sent_at = now
         if not self.cls_sent and \
                 now - self.last_heard > 2 * self.consumer.heartbeat_interval_ms / 1000:
             assert self.sock is not None
@@ -774,7 +775,7 @@ class Consumer:
     def wake(self) -> None:
         """Have the I/O thread send what another thread queued (a FIN, RDY, a new session,
         close) now rather than at its next round (100 ms)."""
-        if not self.woken:
+        if not self.woken and self._wake_w >= 0:
             self.woken = True
             with contextlib.suppress(BlockingIOError):
                 os.write(self._wake_w, b"w")
@@ -801,19 +802,16 @@ class Consumer:
                 now = time.monotonic()
                 if self.woken or now >= next_round:
                     self.woken = True  # (wakes are not needed while the round runs)
-                    next_round = now + 0.1
                     with contextlib.suppress(BlockingIOError):
                         os.read(self._wake_r, 4096)
-                    if self._round(now) and close_by is None:
+                    stopping, next_round = self._round(now)
+                    if stopping and close_by is None:
                         close_by = now + 2.0
                     if close_by is not None and self._closed(now >= close_by):
                         return
-                    self.woken = False
-                wait = max(0.0, next_round - time.monotonic())
-                with self._lock:
-                    waiting = [x.retry_at for x in self.sessions.values() if x.sock is None]
-                if waiting:
-                    wait = max(0.0, min(wait, min(waiting) - now))
+                    # (what was queued while the round ran, and did not wake it: at once)
+                    self.woken = self._queued()
+                wait = 0.0 if self.woken else max(0.0, next_round - time.monotonic())
                 for sock, _ in poller.poll(wait * 1000):
                     session = owner.get(sock)
                     if session is None:
@@ -831,28 +829,40 @@ class Consumer:
         finally:
             poller.unregister(self._wake_r)
 
-    def _round(self, now: float) -> bool:
-        """Open, tick and retire the sessions; True once the consumer is stopping."""
+    def _round(self, now: float) -> tuple[bool, float]:
+        """Open, tick and retire the sessions.  Whether the consumer is stopping, and
+        when the next round is due (in 100 ms, or when a backoff ends)."""
         stopping = self.stopping.is_set()
+        due = now + 0.1
         with self._lock:
             sessions = list(self.sessions.values()) + self._leaving
         for session in sessions:
             if stopping:
                 session.stop = True
             try:
-                if session.sock is None and not session.stop and now >= session.retry_at:
+                if session.sock is None and not session.stop:
+                    if now < session.retry_at:
+                        due = min(due, session.retry_at)
+                        continue
                     session.open(now)
                 if session.sock is not None:
                     session.tick(now)
             except (TimeoutError, zmq.ZMQError, BrokerRefused) as e:
                 session.failed(e, now)
+                due = min(due, session.retry_at)
         if not stopping:
             with self._lock:
-                for session in self._leaving:
-                    if session.cls_done or session.sock is None:
+                for session in self._leaving:  # (no answer to CLS in 2 s: closed all the same)
+                    if session.cls_done or now > session.cls_sent_at + 2.0:
                         session.close_socket()
                 self._leaving = [x for x in self._leaving if x.sock is not None]
-        return stopping
+        return stopping, due
+
+    def _queued(self) -> bool:
+        """Whether a session has a FIN or a command waiting to be sent."""
+        with self._lock:
+            sessions = list(self.sessions.values()) + self._leaving
+        return any((x.fins or x.outbox) and x.sock is not None for x in sessions)
 
     def _closed(self, late: bool) -> bool:
         """While closing: once every session has answered CLS (or has no socket), or
@@ -959,9 +969,10 @@ class Consumer:
         if self._discovery is not None:
             self._discovery.join(timeout)
         self.ctx.term()
-        for fd in (self._wake_r, self._wake_w):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        if self._wake_w >= 0 and not self.io_thread.is_alive():
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            self._wake_r = self._wake_w = -1
 
     def __enter__(self) -> Consumer:
         return self.start()
