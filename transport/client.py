@@ -826,8 +826,13 @@ class Consumer:
                             session.readable(now)
                     except (TimeoutError, zmq.ZMQError, BrokerRefused) as e:
                         session.failed(e, now)
-        finally:
+        finally:  # (also if something unforeseen ended the loop: a socket left open
+            # would make close() wait for ever in Context.term())
             poller.unregister(self._wake_r)
+            with self._lock:
+                sessions = list(self.sessions.values()) + self._leaving
+            for session in sessions:
+                session.close_socket()
 
     def _round(self, now: float) -> tuple[bool, float]:
         """Open, tick and retire the sessions.  Whether the consumer is stopping, and
@@ -865,15 +870,11 @@ class Consumer:
         return any((x.fins or x.outbox) and x.sock is not None for x in sessions)
 
     def _closed(self, late: bool) -> bool:
-        """While closing: once every session has answered CLS (or has no socket), or
-        `late`, close every socket; True when they are closed."""
+        """While closing: whether every session has answered CLS (or has no socket), or
+        it is `late`; the loop then ends, and its end closes every socket."""
         with self._lock:
             sessions = list(self.sessions.values()) + self._leaving
-        if not late and not all(x.sock is None or x.cls_done for x in sessions):
-            return False
-        for session in sessions:
-            session.close_socket()
-        return True
+        return late or all(x.sock is None or x.cls_done for x in sessions)
 
     # -- discovery ------------------------------------------------------------------
 

@@ -72,6 +72,28 @@ def test_a_consumer_with_more_in_flight_than_one_rdy_opens_several_sessions(brok
             == ["consumer-many/c"]
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_consumer_whose_io_thread_died_still_closes(broker):
+    # Given a handler that raises what no handler should (not an Exception: it ends
+    # the I/O thread)
+    class Boom(BaseException):
+        pass
+
+    def handler(m: Message) -> None:
+        raise Boom
+
+    with Producer(broker.zmq_endpoint) as p:
+        p.publish("boom", b"x")
+    consumer = Consumer("boom", "c", handler, broker.zmq_endpoint,
+                        connections_per_broker=3).start()
+    consumer.io_thread.join(30)
+    assert not consumer.io_thread.is_alive()
+    # Then its sockets were closed as it ended: close() returns (Context.term() would
+    # wait for ever on a socket left open)
+    assert all(s.sock is None for s in consumer.sessions.values())
+    consumer.close()
+
+
 def test_closing_a_consumer_requeues_its_messages_to_no_session_of_its_own(broker):
     # Given a consumer with four sessions holding 3,000 messages unfinished
     held: list[Message] = []
