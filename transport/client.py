@@ -33,7 +33,10 @@ answer's) is replaced, so the next request starts a session that AUTHs again.
 IDENTIFY (heartbeat interval, message timeout, ``packed_messages``), SUB, RDY.
 One I/O thread polls every session's socket and calls the handler (a thread
 per session cost twice the CPU a message with the 40 sessions of a Spark drain);
-FINs, REQs and TOUCHes queued from other threads wake it.
+FINs, REQs and TOUCHes queued from other threads wake it.  ``close()`` sends
+CLS on every session and closes the sockets once each has answered; messages
+held unfinished are best given back with ``close(requeue=...)``, whose REQs go
+only then (before, another session of the consumer could take them again).
 A broker that packs sends each batch of deliveries as one MESSAGES frame and
 takes the FIN ids of a round in one frame.  ``max_in_flight``
 is spread across the brokers as RDY.  Each delivered message goes to the
@@ -77,7 +80,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -469,6 +472,7 @@ class _Session:
         self.cls_sent = False
         self.cls_sent_at = 0.0
         self.cls_done = False  # the broker answered CLS: it delivers nothing more
+        self.linger_ms = 0  # (closing the consumer: what was queued last still goes out)
 
     def send(self, command: Any, corr: bytes | None = None) -> None:
         assert self.sock is not None
@@ -513,7 +517,7 @@ class _Session:
             with contextlib.suppress(zmq.ZMQError):
                 sock.disable_monitor()
             monitor.close(linger=0)
-        sock.close(linger=0)
+        sock.close(linger=self.linger_ms)
 
     def failed(self, error: Exception, now: float) -> None:
         """The session ended badly: closed, its RDY share to the others, and opened
@@ -708,6 +712,7 @@ class Consumer:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.woken = False
         self.io_ident: int | None = None
+        self._requeue_at_close: Callable[[], Iterable[Message]] | None = None
         for e in eps:
             self._add(e)
 
@@ -808,6 +813,7 @@ class Consumer:
                     if stopping and close_by is None:
                         close_by = now + 2.0
                     if close_by is not None and self._closed(now >= close_by):
+                        self._last_words()
                         return
                     # (what was queued while the round ran, and did not wake it: at once)
                     self.woken = self._queued()
@@ -862,6 +868,26 @@ class Consumer:
                         session.close_socket()
                 self._leaving = [x for x in self._leaving if x.sock is not None]
         return stopping, due
+
+    def _last_words(self) -> None:
+        """Closing, past the CLS barrier: REQ what the caller of close() gives back, send
+        every session's queued FINs and REQs, and let those go out as the sockets close
+        (a DEALER closed at once drops what it has not sent)."""
+        if self._requeue_at_close is not None:
+            try:
+                for m in self._requeue_at_close():
+                    m.requeue(0)
+            except Exception:  # (what it could not give back times out at the broker)
+                log.exception("consumer: the messages to requeue at close")
+        with self._lock:
+            sessions = list(self.sessions.values()) + self._leaving
+        for session in sessions:
+            if session.sock is not None:
+                try:
+                    session._flush()
+                except zmq.ZMQError as e:
+                    log.warning("consumer: %s at close: %s", session.endpoint, e)
+                session.linger_ms = 1000
 
     def _queued(self) -> bool:
         """Whether a session has a FIN or a command waiting to be sent."""
@@ -960,9 +986,17 @@ class Consumer:
             self._discovery.start()
         return self
 
-    def close(self, timeout: float = 5.0) -> None:
-        """CLS every session, close the sockets once all have answered, stop the
-        threads."""
+    def close(self, timeout: float = 5.0, *,
+              requeue: Callable[[], Iterable[Message]] | None = None) -> None:
+        """CLS every session; once each has answered, REQ what ``requeue`` returns, send
+        what is queued and close the sockets; stop the threads.
+
+        ``requeue`` is called on the I/O thread once no broker delivers to this
+        consumer any more, so it sees every message delivered (the Spark reader
+        passes those it holds unwritten).  A REQ sent before that could go straight
+        to another session of this consumer still subscribed, which takes the
+        message at an attempt more, only to give it back as it closes."""
+        self._requeue_at_close = requeue
         self.stopping.set()
         self.wake()
         if self.io_thread.is_alive():

@@ -831,8 +831,9 @@ class TopicReader:
             before = now
 
     def close(self) -> None:
-        """Stop deliveries, requeue every message held (an uncommitted batch, the next
-        one made ready, and what arrived after them), then close the connections."""
+        """Close the connections, requeueing every message held (an uncommitted batch,
+        the next one made ready, and what arrived after them) once no broker delivers
+        to this reader any more (see ``Consumer.close``)."""
         with self._handoff:
             self._closing.set()
             future, self._next = self._next, None
@@ -840,33 +841,24 @@ class TopicReader:
         if self._keeper is not None:
             self._keeper.join(5)
             self._keeper = None
+        prepared = None
         try:
             if future is not None:
-                self._drop(future.result())  # (requeued, unstaged)
+                prepared = future.result()
         except Exception:  # (its messages were requeued)
             log.exception("preparing the next batch failed")
         if self._started:
-            self.consumer.pause()
-            held = [] if self._pending is None or self._pending.committed \
-                else self._pending.messages
-            while True:
-                try:
-                    m = self._arrived.get_nowait()
-                except queue.Empty:
-                    break
-                if m is not _WAKE:
-                    held.append(m)
-            for m in held:
-                m.requeue(0)
-            self.consumer.close()
+            held = self._held
+            self.consumer.close(requeue=lambda: list(held.values()))
             self._started = False
-            self._held.clear()
-        else:  # (a sentinel no gather took)
-            while True:
-                try:
-                    self._arrived.get_nowait()
-                except queue.Empty:
-                    break
+            held.clear()
+        while True:  # (what arrived, and a sentinel no gather took)
+            try:
+                self._arrived.get_nowait()
+            except queue.Empty:
+                break
+        if prepared is not None:
+            self._drop(prepared)  # (unstaged; requeued above)
         if self._pending is not None:
             self._pending._release()
         self._pending = None

@@ -94,7 +94,7 @@ def test_a_consumer_whose_io_thread_died_still_closes(broker):
     consumer.close()
 
 
-def test_closing_a_consumer_requeues_its_messages_to_no_session_of_its_own(broker):
+def test_a_consumer_closing_requeues_what_it_holds_to_no_session_of_its_own(broker):
     # Given a consumer with four sessions holding 3,000 messages unfinished
     held: list[Message] = []
     everything = threading.Event()
@@ -111,14 +111,16 @@ def test_closing_a_consumer_requeues_its_messages_to_no_session_of_its_own(broke
         p.publish_batch("closing", [b"m%d" % i for i in range(3000)], batch_size=500)
     assert everything.wait(30)
     assert {m.attempts for m in held} == {1}
-    # When it closes
-    first.close()
-    # Then every session said CLS before any socket closed: no sibling took a message
-    # back (a second attempt), so the next consumer gets each at its second attempt
+    # When it closes, giving them back
+    first.close(requeue=lambda: held)
+    # Then every session had said CLS before the REQs went: no sibling took a message
+    # back (a second attempt, given back as it closed), so the next consumer gets each
+    # at its second attempt, and at once (a DEALER's close cannot be seen: without the
+    # REQs they would wait for the broker to drop the silent sessions, 10 s)
     attempts: list[int] = []
     with Consumer("closing", "c", lambda m: attempts.append(m.attempts), broker.zmq_endpoint,
                   max_in_flight=3000):
-        wait_for(lambda: len(attempts) == 3000, what="every message again")
+        wait_for(lambda: len(attempts) == 3000, timeout=5, what="every message again")
     assert set(attempts) == {2}
 
 
