@@ -270,6 +270,8 @@ def test_drain_keeps_messages_it_cannot_read_aside(spark, broker, tmp_path, monk
     assert gc.get_threshold() == before
     assert sorted(read_ids(spark, out)) == list(range(20))  # _bad_messages is hidden from readers
     assert not (out / "_staging").exists()  # each batch's staged lines went with it
+    # (the write that failed on the line that does not fit left nothing behind)
+    assert not (out / "_temporary").exists()
     bad = spark.read.parquet(str(out / "_bad_messages")).collect()
     assert sorted(b.body for b in bad) == sorted(bodies[20:])
     assert {b.error.split(":")[0] for b in bad} == {"cannot decode", "does not fit the schema"}
