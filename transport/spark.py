@@ -1673,8 +1673,10 @@ def drain_to_parquet(spark: Any, topic: str, channel: str, endpoints: str | Sequ
     then reads from every broker that has the topic.  A message whose id is among
     the last ``dedupe_window`` this drain wrote is not written again (counted in
     ``duplicates``).  JSON batches are staged under ``<path>/_staging`` for
-    Spark's JSON reader, each removed with its batch, and the lines it refuses
-    come back from the write itself (an observation), so a batch is one job.
+    Spark's JSON reader, each removed with its batch.  A batch is one job: the
+    write reads its lines FAILFAST, and only if one does not fit the schema is
+    the batch written again, the lines the reader refuses set aside and brought
+    back by an observation of that write.
     The other parameters are :class:`TopicReader`'s.
     """
     result = DrainResult()
