@@ -1698,18 +1698,27 @@ def drain_to_parquet(spark: Any, topic: str, channel: str, endpoints: str | Sequ
                          staging_path=path.rstrip("/") + "/" + _STAGING,
                          client_options=client_options)
     reader._refused_after_write = True
+    careful = 0  # batches still to write with refused lines set aside from the start
     with reader, _collections_spaced():
         for batch in reader.batches():
-            if batch.rows:
-                try:
+            rows = batch.rows
+            if rows:
+                if careful and batch._careful():
+                    careful -= 1
                     batch.df.write.mode("append").parquet(path)
-                except Exception:  # (Py4JJavaError: most likely a line that does not fit)
-                    if not batch._careful():
-                        raise
-                    log.info("a batch's write failed; writing it again with the lines "
-                             "the schema refuses set aside")
-                    batch.df.write.mode("append").parquet(path)
+                else:
+                    try:
+                        batch.df.write.mode("append").parquet(path)
+                    except Exception:  # (Py4JJavaError: most likely a line that does not fit)
+                        if not batch._careful():
+                            raise
+                        log.info("a batch's write failed; writing it again with the lines "
+                                 "the schema refuses set aside")
+                        batch.df.write.mode("append").parquet(path)
+                        careful = CAREFUL_BATCHES
             batch._settle()
+            if batch.rows < rows:  # (refused lines again: refused lines come in runs)
+                careful = CAREFUL_BATCHES
             if batch.bad:
                 spark.createDataFrame([(b.id.decode("ascii", "replace"), b.body, b.error)
                                        for b in batch.bad], bad_schema) \
@@ -1729,6 +1738,13 @@ def drain_to_parquet(spark: Any, topic: str, channel: str, endpoints: str | Sequ
 
 
 _STAGING = "_staging"  # under a drain's path: hidden from Spark's readers, as _bad_messages
+
+CAREFUL_BATCHES = 4
+"""After a batch with lines the schema refuses, a drain writes this many batches with
+such lines set aside from the start (as long as each finds some, it goes on): a
+batch written FAILFAST that fails costs a second job, so a topic where bad lines
+come in every batch drains at the careful write's rate, 0.7x a clean one's,
+instead of 0.5x."""
 
 GC_FIRST_THRESHOLD = 10_000
 """The garbage collector's first threshold while a drain runs (Python's is 700)."""

@@ -280,6 +280,34 @@ def test_drain_keeps_messages_it_cannot_read_aside(spark, broker, tmp_path, monk
     assert channel["in_flight_count"] == 0
 
 
+def test_a_drain_writes_clean_batches_once_and_after_a_refused_line_sets_lines_aside_first(
+        spark, broker, tmp_path):
+    # Given four batches of 10: a clean one, then three each with a line the schema
+    # refuses, then a clean one
+    bodies = [json.dumps({"id": i, "name": "x"}).encode() if i % 10 != 5 or i < 10 or i >= 40
+              else json.dumps({"id": "bad", "name": "x"}).encode() for i in range(50)]
+    with Producer(broker.zmq_endpoint) as p:
+        p.publish_batch("runs", bodies)
+    tracker = spark.sparkContext.statusTracker()
+
+    def failed_jobs() -> int:
+        return sum(1 for j in tracker.getJobIdsForGroup(None)
+                   if (info := tracker.getJobInfo(j)) is not None and info.status == "FAILED")
+
+    before = failed_jobs()
+    # When it drains them
+    result = drain_to_parquet(spark, "runs", "c", broker.zmq_endpoint, str(tmp_path / "out"),
+                              schema=SCHEMA, batch_size=10, batch_timeout=1, idle_timeout=3)
+    # Then every good row is written once and every refused line is kept aside, and
+    # only the first batch with a refused line was written FAILFAST and failed: the
+    # batches after it set such lines aside from the start (so a clean batch's write
+    # is one job, and a run of bad ones costs no failed job each)
+    assert (result.rows, result.bad, result.batches) == (47, 3, 5)
+    assert sorted(read_ids(spark, tmp_path / "out")) == \
+        [i for i in range(50) if i % 10 != 5 or i < 10 or i >= 40]
+    assert failed_jobs() - before == 1
+
+
 def test_bodies_not_one_whole_json_object_are_bad_and_line_breaks_are_fine(
         spark, broker, tmp_path):
     # Given good bodies, bodies with line breaks, and bodies that are not one whole JSON
