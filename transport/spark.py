@@ -681,17 +681,6 @@ class Batch:
         if self._framed is not None and self._framed.release is not None:
             self._framed.release()
 
-    def _careful(self) -> bool:
-        """A drain's write of the batch failed: its DataFrame becomes one that sets aside
-        the lines the schema refuses (they become bad as it settles).  False if it
-        has none (the failure was not a refused line's)."""
-        framed = self._framed
-        if framed is None or framed.careful is None:
-            return False
-        self.df, framed.settle, framed.discard = framed.careful()
-        framed.careful = None
-        return True
-
     def _settle(self) -> None:
         """A drain's batch, once written: its lines the write refused become bad."""
         if self._framed is not None and self._framed.settle is not None:
@@ -1159,41 +1148,27 @@ class TopicReader:
             inferred = self.spark.read.json(where).schema["_nsq_body"].dataType
             self._body_schema = t.StructType(list(inferred.fields))
         plan = self._plan()
-        read = self.spark._jsparkSession.read()
-        columns = plan.columns
-        if self._refused_after_write:
-            # One job: the write reads every column, so a line the schema refuses
-            # fails it (FAILFAST), and the caller writes the batch again with such
-            # lines set aside (`careful`).  Setting them aside in every write cost
-            # the JVM a third more a row (an observation aggregates every row).
-            fast = DataFrame(read.schema(plan.fast_schema).option("mode", "FAILFAST")
-                             .json(where), self.spark)
-            if dup:
-                fast = fast.where(~F.col("_nsq_i").isin(sorted(dup)))
-
-            def careful() -> tuple[Any, Callable[[Batch], None], Callable[[], None]]:
-                # the corrupt column finds each refused line, and an observation of
-                # the write brings them back with it
-                seen = Observation()
-                readable = plan.readable if not dup \
-                    else plan.readable & ~F.col("_nsq_i").isin(sorted(dup))
-                staged = DataFrame(read.schema(plan.schema).option("mode", "PERMISSIVE")
-                                   .option("columnNameOfCorruptRecord", "_nsq_corrupt")
-                                   .json(where), self.spark)
-                df = staged.observe(seen, plan.refused).where(readable).select(*columns)
-
-                def settle(batch: Batch) -> None:
-                    found = seen.get["refused"]
-                    lines = str(found.mkString("\n")).split("\n") if found.size() else []
-                    lines = [text for text in lines if _line_index(text) not in dup]
-                    batch.bad.extend(self._refused(prepared, lines))
-                    batch.rows -= len(lines)
-                return df, settle, functools.partial(_unobserve, self.spark, seen)
-            return _Framed(fast.select(*columns), len(kept) - len(dup), release,
-                           careful=careful)
-        staged = DataFrame(read.schema(plan.schema).option("mode", "PERMISSIVE")
+        staged = DataFrame(self.spark._jsparkSession.read().schema(plan.schema)
+                           .option("mode", "PERMISSIVE")
                            .option("columnNameOfCorruptRecord", "_nsq_corrupt")
                            .json(where), self.spark)
+        columns = plan.columns
+        if self._refused_after_write:
+            # One job: the write reads every column, so the corrupt column finds
+            # each refused line, and an observation brings them back with it.
+            seen = Observation()
+            readable = plan.readable if not dup \
+                else plan.readable & ~F.col("_nsq_i").isin(sorted(dup))
+            df = staged.observe(seen, plan.refused).where(readable).select(*columns)
+
+            def settle(batch: Batch) -> None:
+                found = seen.get["refused"]
+                lines = str(found.mkString("\n")).split("\n") if found.size() else []
+                lines = [text for text in lines if _line_index(text) not in dup]
+                batch.bad.extend(self._refused(prepared, lines))
+                batch.rows -= len(lines)
+            return _Framed(df, len(kept) - len(dup), release, settle,
+                           discard=functools.partial(_unobserve, self.spark, seen))
         # (the whole body selected: Spark's reader parses only the columns a query
         # needs, and finds a line bad only in those)
         refused = [text for text in (
@@ -1217,11 +1192,8 @@ class TopicReader:
                        for f in body.fields]
             if self.metadata:
                 columns += [F.col(f.name) for f in _METADATA_FIELDS]
-            parse = self.spark._jsparkSession.parseDataType
-            staged = _staged_schema(body)
             self._read_plan = _ReadPlan(
-                body, parse(staged.json()),
-                parse(t.StructType(staged.fields[:-1]).json()),  # (without _nsq_corrupt)
+                body, self.spark._jsparkSession.parseDataType(_staged_schema(body).json()),
                 columns, F.col("_nsq_corrupt").isNull(),
                 F.collect_list("_nsq_corrupt").alias("refused"))
         return self._read_plan
@@ -1336,9 +1308,6 @@ class _Framed:
     settle: Callable[[Batch], None] | None = None
     bad: list[BadMessage] = field(default_factory=list)
     discard: Callable[[], None] | None = None  # for a DataFrame that will never run
-    # (a drain's: the DataFrame, settle and discard that set refused lines aside)
-    careful: Callable[[], tuple[Any, Callable[[Batch], None], Callable[[], None]]] | None \
-        = None
 
 
 def _discard(framed: _Framed | None) -> None:
@@ -1403,7 +1372,6 @@ class _Prefetch:
 class _ReadPlan:
     body: t.StructType
     schema: Any  # the staged lines' StructType, in the JVM
-    fast_schema: Any  # the same without the corrupt column (FAILFAST's)
     columns: list[Any]
     readable: Any  # the lines the reader could read
     refused: Any  # the lines it could not, as an observation's aggregate
@@ -1673,10 +1641,8 @@ def drain_to_parquet(spark: Any, topic: str, channel: str, endpoints: str | Sequ
     then reads from every broker that has the topic.  A message whose id is among
     the last ``dedupe_window`` this drain wrote is not written again (counted in
     ``duplicates``).  JSON batches are staged under ``<path>/_staging`` for
-    Spark's JSON reader, each removed with its batch.  A batch is one job: the
-    write reads its lines FAILFAST, and only if one does not fit the schema is
-    the batch written again, the lines the reader refuses set aside and brought
-    back by an observation of that write.
+    Spark's JSON reader, each removed with its batch, and the lines it refuses
+    come back from the write itself (an observation), so a batch is one job.
     The other parameters are :class:`TopicReader`'s.
     """
     result = DrainResult()
@@ -1698,27 +1664,11 @@ def drain_to_parquet(spark: Any, topic: str, channel: str, endpoints: str | Sequ
                          staging_path=path.rstrip("/") + "/" + _STAGING,
                          client_options=client_options)
     reader._refused_after_write = True
-    careful = 0  # batches still to write with refused lines set aside from the start
     with reader, _collections_spaced():
         for batch in reader.batches():
-            rows = batch.rows
-            if rows:
-                if careful and batch._careful():
-                    careful -= 1
-                    batch.df.write.mode("append").parquet(path)
-                else:
-                    try:
-                        batch.df.write.mode("append").parquet(path)
-                    except Exception:  # (Py4JJavaError: most likely a line that does not fit)
-                        if not batch._careful():
-                            raise
-                        log.info("a batch's write failed; writing it again with the lines "
-                                 "the schema refuses set aside")
-                        batch.df.write.mode("append").parquet(path)
-                        careful = CAREFUL_BATCHES
+            if batch.rows:
+                batch.df.write.mode("append").parquet(path)
             batch._settle()
-            if batch.rows < rows:  # (refused lines again: refused lines come in runs)
-                careful = CAREFUL_BATCHES
             if batch.bad:
                 spark.createDataFrame([(b.id.decode("ascii", "replace"), b.body, b.error)
                                        for b in batch.bad], bad_schema) \
@@ -1738,13 +1688,6 @@ def drain_to_parquet(spark: Any, topic: str, channel: str, endpoints: str | Sequ
 
 
 _STAGING = "_staging"  # under a drain's path: hidden from Spark's readers, as _bad_messages
-
-CAREFUL_BATCHES = 4
-"""After a batch with lines the schema refuses, a drain writes this many batches with
-such lines set aside from the start (as long as each finds some, it goes on): a
-batch written FAILFAST that fails costs a second job, so a topic where bad lines
-come in every batch drains at the careful write's rate, 0.7x a clean one's,
-instead of 0.5x."""
 
 GC_FIRST_THRESHOLD = 10_000
 """The garbage collector's first threshold while a drain runs (Python's is 700)."""

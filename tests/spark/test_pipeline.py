@@ -270,42 +270,12 @@ def test_drain_keeps_messages_it_cannot_read_aside(spark, broker, tmp_path, monk
     assert gc.get_threshold() == before
     assert sorted(read_ids(spark, out)) == list(range(20))  # _bad_messages is hidden from readers
     assert not (out / "_staging").exists()  # each batch's staged lines went with it
-    # (the write that failed on the line that does not fit left nothing behind)
-    assert not (out / "_temporary").exists()
     bad = spark.read.parquet(str(out / "_bad_messages")).collect()
     assert sorted(b.body for b in bad) == sorted(bodies[20:])
     assert {b.error.split(":")[0] for b in bad} == {"cannot decode", "does not fit the schema"}
     channel = broker.stats("mixed")["topics"][0]["channels"][0]
     assert channel["depth"] == 0
     assert channel["in_flight_count"] == 0
-
-
-def test_a_drain_writes_clean_batches_once_and_after_a_refused_line_sets_lines_aside_first(
-        spark, broker, tmp_path):
-    # Given four batches of 10: a clean one, then three each with a line the schema
-    # refuses, then a clean one
-    bodies = [json.dumps({"id": i, "name": "x"}).encode() if i % 10 != 5 or i < 10 or i >= 40
-              else json.dumps({"id": "bad", "name": "x"}).encode() for i in range(50)]
-    with Producer(broker.zmq_endpoint) as p:
-        p.publish_batch("runs", bodies)
-    tracker = spark.sparkContext.statusTracker()
-
-    def failed_jobs() -> int:
-        return sum(1 for j in tracker.getJobIdsForGroup(None)
-                   if (info := tracker.getJobInfo(j)) is not None and info.status == "FAILED")
-
-    before = failed_jobs()
-    # When it drains them
-    result = drain_to_parquet(spark, "runs", "c", broker.zmq_endpoint, str(tmp_path / "out"),
-                              schema=SCHEMA, batch_size=10, batch_timeout=1, idle_timeout=3)
-    # Then every good row is written once and every refused line is kept aside, and
-    # only the first batch with a refused line was written FAILFAST and failed: the
-    # batches after it set such lines aside from the start (so a clean batch's write
-    # is one job, and a run of bad ones costs no failed job each)
-    assert (result.rows, result.bad, result.batches) == (47, 3, 5)
-    assert sorted(read_ids(spark, tmp_path / "out")) == \
-        [i for i in range(50) if i % 10 != 5 or i < 10 or i >= 40]
-    assert failed_jobs() - before == 1
 
 
 def test_bodies_not_one_whole_json_object_are_bad_and_line_breaks_are_fine(
