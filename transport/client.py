@@ -449,6 +449,10 @@ class Message:
             session.consumer.wake()
 
 
+_SESSION_ENDED = (TimeoutError, zmq.ZMQError, BrokerRefused)
+"""What ends a consumer's session (closed, and opened again after its backoff)."""
+
+
 class _Session:
     """One consumer connection to one broker, run by the consumer's I/O thread."""
 
@@ -830,13 +834,12 @@ class Consumer:
                                 raise TimeoutError(f"{session.endpoint} disconnected")
                         elif session.sock is not None:
                             session.readable(now)
-                    except (TimeoutError, zmq.ZMQError, BrokerRefused) as e:
+                    except _SESSION_ENDED as e:
                         session.failed(e, now)
         finally:  # (also if something unforeseen ended the loop: a socket left open
             # would make close() wait for ever in Context.term())
             poller.unregister(self._wake_r)
-            with self._lock:
-                sessions = list(self.sessions.values()) + self._leaving
+            sessions = self._every_session()
             for session in sessions:
                 session.close_socket()
 
@@ -845,8 +848,7 @@ class Consumer:
         when the next round is due (in 100 ms, or when a backoff ends)."""
         stopping = self.stopping.is_set()
         due = now + 0.1
-        with self._lock:
-            sessions = list(self.sessions.values()) + self._leaving
+        sessions = self._every_session()
         for session in sessions:
             if stopping:
                 session.stop = True
@@ -858,7 +860,7 @@ class Consumer:
                     session.open(now)
                 if session.sock is not None:
                     session.tick(now)
-            except (TimeoutError, zmq.ZMQError, BrokerRefused) as e:
+            except _SESSION_ENDED as e:
                 session.failed(e, now)
                 due = min(due, session.retry_at)
         if not stopping:
@@ -879,8 +881,7 @@ class Consumer:
                     m.requeue(0)
             except Exception:  # (what it could not give back times out at the broker)
                 log.exception("consumer: the messages to requeue at close")
-        with self._lock:
-            sessions = list(self.sessions.values()) + self._leaving
+        sessions = self._every_session()
         for session in sessions:
             if session.sock is not None:
                 try:
@@ -889,17 +890,20 @@ class Consumer:
                     log.warning("consumer: %s at close: %s", session.endpoint, e)
                 session.linger_ms = 1000
 
+    def _every_session(self) -> list[_Session]:
+        """The sessions, and those removed that have not closed yet."""
+        with self._lock:
+            return list(self.sessions.values()) + self._leaving
+
     def _queued(self) -> bool:
         """Whether a session has a FIN or a command waiting to be sent."""
-        with self._lock:
-            sessions = list(self.sessions.values()) + self._leaving
+        sessions = self._every_session()
         return any((x.fins or x.outbox) and x.sock is not None for x in sessions)
 
     def _closed(self, late: bool) -> bool:
         """While closing: whether every session has answered CLS (or has no socket), or
         it is `late`; the loop then ends, and its end closes every socket."""
-        with self._lock:
-            sessions = list(self.sessions.values()) + self._leaving
+        sessions = self._every_session()
         return late or all(x.sock is None or x.cls_done for x in sessions)
 
     # -- discovery ------------------------------------------------------------------
