@@ -1010,7 +1010,8 @@ class TopicReader:
             return prepared
         try:
             if self._staging is not None:
-                self._stage(prepared)
+                if not self._read_by_arrow(prepared):
+                    self._stage(prepared)
             else:
                 self._decode(prepared)
             prepared.framed = self._spark_side(prepared, set())
@@ -1158,10 +1159,11 @@ class TopicReader:
             if prepared.where is not None:
                 self._staging.remove(prepared.where)
             return _Framed(None, 0)
-        if self._arrow and self._body_schema is not None:
-            table = self._arrow_table(prepared, dup)
-            if table is not None:
-                return _Framed(None, table.num_rows, table=table)
+        if prepared.table is not None:
+            table = prepared.table
+            if dup:
+                table = table.filter(pa.array([i not in dup for i in range(len(kept))]))
+            return _Framed(None, table.num_rows, table=table)
         where = self._staged(prepared)
         release = functools.partial(self._staging.remove, where)
         if self._body_schema is None:  # Spark's inference, over this first batch
@@ -1202,19 +1204,44 @@ class TopicReader:
             .select(*columns)
         return _Framed(df, len(kept) - len(dup) - len(refused), release, bad=bad)
 
-    def _arrow_table(self, prepared: _Prepared, dup: set[int]) -> pa.Table | None:
-        """The batch's rows, but those at `dup`, read from its staged lines by Arrow; None
-        when Arrow may not read them as Spark's JSON reader would (Spark's reader then
-        reads the batch, and finds which lines are bad, as for any other batch)."""
+    def _read_by_arrow(self, prepared: _Prepared) -> bool:
+        """A drain's batch read by Arrow from its bodies, one a line, where Arrow reads
+        each as Spark's JSON reader would (see `_ArrowPlan`); False, and nothing done,
+        where it may not.
+
+        The lines are the bodies joined as they are, not staged: if no body has a line
+        break, and each starts with ``{`` and ends with ``}``, no JSON value can span
+        two lines (a string cannot hold a raw line break, and after a ``}`` only a
+        ``,``, ``]`` or ``}`` goes on) and no line is empty, so as many rows as bodies
+        means one row a body, in order.  Otherwise a body is not one whole object
+        (Arrow's reader takes each value of a line), or is one with a line break in
+        it, and `_stage` judges the batch body by body, for Spark's reader."""
         body = self._body_schema
-        assert body is not None
+        if not self._arrow or body is None:
+            return False
         plan = self._arrow_plan
         if plan is None or plan.body is not body:
             plan = self._arrow_plan = _ArrowPlan.of(body, self.metadata, self.spark.version)
         if not plan.readable:
-            return None
+            return False
+        messages = prepared.messages
+        bodies = [m.body for m in messages]
+        lines = b"\n".join(bodies)
+        if lines.count(b"\n") != len(bodies) - 1 or {b[:1] for b in bodies} != {b"{"} \
+                or {b[-1:] for b in bodies} != {b"}"}:
+            return False
+        metadata = [pa.array([m.id.decode("ascii", "replace") for m in messages], pa.string()),
+                    pa.array([m.timestamp for m in messages], pa.int64()),
+                    pa.array([m.attempts for m in messages], pa.int32())] \
+            if self.metadata else []
         zone = self.spark.conf.get("spark.sql.session.timeZone") if plan.temporal else ""
-        return plan.read(prepared.blob, dup, zone)
+        table = plan.read(lines, len(bodies), zone, metadata)
+        if table is None:
+            return False
+        prepared.kept += messages
+        prepared.values += bodies
+        prepared.table = table
+        return True
 
     def _plan(self) -> _ReadPlan:
         """The staged lines' schema (in the JVM) and the columns and conditions over them,
@@ -1328,6 +1355,7 @@ class _Prepared:
     # tuple holding a message is one more object the garbage collector scans)
     values: list[Any] = field(default_factory=list)
     blob: bytes = b""  # the staged JSON lines of `kept`, one a message
+    table: pa.Table | None = None  # or its rows, read by Arrow (a drain's)
     where: str | None = None  # the file they are staged in, once Spark's reader needs it
     framed: _Framed | None = None  # its DataFrame, before duplicates are known
 
@@ -1507,7 +1535,7 @@ def _arrow_type(dtype: Any) -> pa.DataType | None:
 
 @dataclass(frozen=True)
 class _ArrowPlan:
-    """How a drain's batch of staged JSON lines becomes a table without Spark.
+    """How a drain's batch of JSON bodies becomes a table without Spark.
 
     Spark's JSON reader costs the JVM 10-13 us a row (half parsing, half the Parquet
     write), more than the broker and the consumer together; Arrow's reads and writes
@@ -1527,7 +1555,7 @@ class _ArrowPlan:
 
     body: t.StructType
     readable: bool
-    staged: pa.Schema | None = None  # a staged line, as Arrow's JSON reader reads it
+    staged: pa.Schema | None = None  # a body, as Arrow's JSON reader reads it
     schema: pa.Schema | None = None  # the table written
     temporal: tuple[tuple[int, Any], ...] = ()  # (column, date32 or timestamp) read as text
     decimals: tuple[tuple[int, Any], ...] = ()  # (column, its type with 38-digit decimals)
@@ -1556,30 +1584,30 @@ class _ArrowPlan:
             return cls(body, False)
         meta = [(f.name, _ARROW_TYPES[type(f.dataType)]) for f in _METADATA_FIELDS] \
             if metadata else []
-        staged = pa.schema([("_nsq_i", pa.int32()), *meta, ("_nsq_body", pa.struct(read))])
+        staged = pa.schema(read)
         written = pa.schema(out + meta, metadata={"org.apache.spark.version": spark_version})
         decimals = tuple((i, wide) for i, (_, a) in enumerate(read)
                          if (wide := _wide_decimals(a)) is not None)
         floats = any(pa.types.is_floating(leaf) for _, a in read for leaf in _leaves(a))
         return cls(body, True, staged, written, tuple(temporal), decimals, floats)
 
-    def read(self, blob: bytes, dup: set[int], zone: str) -> pa.Table | None:
-        """The rows of the staged lines `blob` but those whose index is in `dup`; None if
-        Arrow may not read them as Spark would."""
+    def read(self, lines: bytes, rows: int, zone: str, metadata: Sequence[pa.Array] = ()
+             ) -> pa.Table | None:
+        """The table of `lines`, JSON objects one a line, with the `metadata` columns; None
+        if Arrow may not read them as Spark would, or if they are not `rows` rows."""
         assert self.staged is not None
         assert self.schema is not None
-        if self.floats and _NEGATIVE_ZERO.search(blob):
+        if self.floats and _NEGATIVE_ZERO.search(lines):
             return None
         try:
-            staged = pa_json.read_json(
-                pa.BufferReader(blob),
-                read_options=pa_json.ReadOptions(use_threads=False, block_size=len(blob) + 1),
+            read = pa_json.read_json(
+                pa.BufferReader(lines),
+                read_options=pa_json.ReadOptions(use_threads=False, block_size=len(lines) + 1),
                 parse_options=pa_json.ParseOptions(explicit_schema=self.staged,
                                                    unexpected_field_behavior="ignore"))
-            if dup:
-                keep = pc.invert(pc.is_in(staged["_nsq_i"], pa.array(sorted(dup), pa.int32())))
-                staged = staged.filter(keep)
-            columns = staged["_nsq_body"].combine_chunks().flatten()
+            if read.num_rows != rows:
+                return None
+            columns = [c.combine_chunks() for c in read.columns]
             for i, wide in self.decimals:  # (raises if a value is past its precision)
                 columns[i].cast(wide).cast(columns[i].type)
             for i, final in self.temporal:
@@ -1587,9 +1615,7 @@ class _ArrowPlan:
                 if column is None:
                     return None
                 columns[i] = column
-            columns += [staged[name].combine_chunks() for name in self.schema.names[
-                len(columns):]]
-            return pa.Table.from_arrays(columns, schema=self.schema)
+            return pa.Table.from_arrays([*columns, *metadata], schema=self.schema)
         except (pa.ArrowException, ValueError):
             return None
 

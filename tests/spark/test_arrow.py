@@ -164,17 +164,16 @@ def test_arrow_takes_a_batch_only_where_it_reads_each_line_as_spark_does(spark, 
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(bodies=st.lists(_body, min_size=1, max_size=4))
     def check(bodies: list[str]) -> None:
-        blob = "\n".join(f'{{"_nsq_i":{i},"_nsq_body":{b}}}'
-                         for i, b in enumerate(bodies)).encode()
-        table = plan.read(blob, set(), zone)
+        table = plan.read("\n".join(bodies).encode(), len(bodies), zone)
         if table is None:
             given_back.append(bodies)
             return
         taken.append(bodies)
         where = tmp_path / f"e{next(examples)}"
         where.mkdir()
-        lines = tmp_path / f"e{next(examples)}.json"
-        lines.write_bytes(blob)
+        lines = tmp_path / f"e{next(examples)}.json"  # (as a batch Arrow refuses is staged)
+        lines.write_bytes("\n".join(f'{{"_nsq_i":{i},"_nsq_body":{b}}}'
+                                     for i, b in enumerate(bodies)).encode())
         _write_table(table, str(where))
         by_spark = (spark.read.schema(staged_schema).option("mode", "PERMISSIVE")
                     .option("columnNameOfCorruptRecord", "_nsq_corrupt").json(str(lines)))
@@ -267,7 +266,7 @@ def test_a_batch_arrow_does_not_take_comes_back_whole_through_spark(spark, broke
 def test_a_table_file_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     # Given a write that fails part way (a full disk)
     table = _ArrowPlan.of(t.StructType([t.StructField("id", t.LongType())]), False, "3.5.0").read(
-        b'{"_nsq_i":0,"_nsq_body":{"id":1}}', set(), "UTC")
+        b'{"id":1}', 1, "UTC")
     assert table is not None
     real = pq.write_table
 
@@ -289,3 +288,29 @@ def test_a_table_file_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     assert written.parent == tmp_path
     assert pq.read_table(written).to_pylist() == [{"id": 1}]
     assert not list((tmp_path / "_staging").iterdir())
+
+
+def test_bodies_that_are_not_one_object_a_line_go_to_spark_and_are_judged_one_by_one(
+        spark, broker, tmp_path):
+    # Given a batch of good bodies with, among them, a pretty-printed object (line
+    # breaks in it), two objects in one body, and two bodies that only make objects
+    # when joined line after line (as many values as bodies, one spanning two lines)
+    good = [json.dumps({"id": i}).encode() for i in range(100)]
+    bodies = [*good[:50], json.dumps({"id": 100}, indent=1).encode(),
+              b'{"id":101}{"id":102}', b'{"id":', b'103}{"id":104}', *good[50:]]
+    out = tmp_path / "out"
+    with Producer(broker.zmq_endpoint) as p:
+        p.publish_batch("arrow-lines", bodies)
+    # When they are drained in one batch
+    result = drain_to_parquet(spark, "arrow-lines", "c", broker.zmq_endpoint, str(out),
+                              schema="id long", batch_size=len(bodies), idle_timeout=3,
+                              batch_timeout=2)
+    # Then Spark's reader wrote the batch: the good ones and the pretty-printed one are
+    # rows, and each of the other three is bad on its own
+    assert (result.rows, result.bad) == (101, 3)
+    assert {pq.ParquetFile(f).metadata.created_by.split()[0]
+            for f in out.glob("*.parquet")} == {"parquet-mr"}
+    ids = sorted(r.id for r in spark.read.parquet(str(out)).collect())
+    assert ids == list(range(101))
+    bad = sorted(r.body for r in spark.read.parquet(str(out / "_bad_messages")).collect())
+    assert bad == sorted([b'{"id":101}{"id":102}', b'{"id":', b'103}{"id":104}'])
