@@ -1911,13 +1911,15 @@ def drain_to_parquet(spark: Any, topic: str, channel: str, endpoints: str | Sequ
                          staging_path=path.rstrip("/") + "/" + _STAGING,
                          client_options=client_options)
     reader._refused_after_write = True
-    reader._arrow = local is not None
+    parquet = _parquet_options(spark) if local is not None else None
+    reader._arrow = parquet is not None
     with reader, _collections_spaced():
         for batch in reader.batches():
             table = batch._framed.table if batch._framed is not None else None
             if table is not None:
                 assert local is not None
-                synced.add(_write_table(table, local))
+                assert parquet is not None
+                synced.add(_write_table(table, local, parquet))
             elif batch.rows:
                 batch.df.write.mode("append").parquet(path)
             batch._settle()
@@ -1972,16 +1974,49 @@ def _collections_spaced() -> Iterator[None]:
             gc.set_threshold(*before)
 
 
-def _write_table(table: pa.Table, root: str) -> str:
+_SPARK_CODECS = {"none": ("none", ""), "uncompressed": ("none", ""),
+                 "snappy": ("snappy", ".snappy"), "gzip": ("gzip", ".gz"),
+                 "zstd": ("zstd", ".zstd"), "brotli": ("brotli", ".br"),
+                 "lz4raw": ("lz4", ".lz4raw"), "lz4_raw": ("lz4", ".lz4raw")}
+"""Spark's Parquet codecs Arrow writes: (Arrow's name, the file name's part).  Not
+Hadoop's lz4 and lzo."""
+
+_SPARK_TIMESTAMPS = {"INT96": {"use_deprecated_int96_timestamps": True},
+                     "TIMESTAMP_MICROS": {"coerce_timestamps": "us"}}
+"""How Spark's writer stores timestamps, as Arrow's writer is told to.  Not
+TIMESTAMP_MILLIS, which Spark rounds down and Arrow towards zero."""
+
+
+@dataclass(frozen=True)
+class _ParquetOptions:
+    suffix: str  # (as in part-<uuid>-c000.snappy.parquet)
+    write: dict[str, Any]  # pq.write_table's
+
+
+def _parquet_options(spark: Any) -> _ParquetOptions | None:
+    """Arrow's writer set as the session's Parquet writer is (its codec,
+    ``spark.sql.parquet.compression.codec``; how it stores timestamps,
+    ``spark.sql.parquet.outputTimestampType``, INT96 unless changed); None where
+    Arrow's cannot write the same (a drain then writes every batch through Spark)."""
+    codec = spark.conf.get("spark.sql.parquet.compression.codec").lower()
+    stamps = spark.conf.get("spark.sql.parquet.outputTimestampType").upper()
+    if codec not in _SPARK_CODECS or stamps not in _SPARK_TIMESTAMPS:
+        return None
+    compression, suffix = _SPARK_CODECS[codec]
+    return _ParquetOptions(suffix, {"compression": compression, **_SPARK_TIMESTAMPS[stamps]})
+
+
+def _write_table(table: pa.Table, root: str, options: _ParquetOptions) -> str:
     """Write `table` as a new Parquet file of the table at `root` (a local directory),
     whole or not at all: it is written and fsynced under the hidden staging
-    directory, then renamed into place.  Its path."""
-    name = f"part-{uuid.uuid4()}-c000.snappy.parquet"  # (as Spark names its files)
+    directory, then renamed into place, and ``_SUCCESS`` made if missing, as
+    Spark's writer leaves it.  The file's path."""
+    name = f"part-{uuid.uuid4()}-c000{options.suffix}.parquet"  # (as Spark names its files)
     staging = os.path.join(root, _STAGING)
     os.makedirs(staging, exist_ok=True)
     written, final = os.path.join(staging, name), os.path.join(root, name)
     try:
-        pq.write_table(table, written, compression="snappy")
+        pq.write_table(table, written, **options.write)
         fd = os.open(written, os.O_RDONLY)
         try:
             os.fsync(fd)
@@ -1992,6 +2027,8 @@ def _write_table(table: pa.Table, root: str) -> str:
         with contextlib.suppress(OSError):
             os.unlink(written)
         raise
+    with open(os.path.join(root, "_SUCCESS"), "ab"):
+        pass
     return final
 
 

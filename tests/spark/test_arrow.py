@@ -10,6 +10,7 @@ that a batch Arrow does not take still comes back whole through Spark.
 
 from __future__ import annotations
 
+import calendar
 import datetime as dt
 import decimal
 import json
@@ -29,6 +30,8 @@ from transport.client import Producer
 from transport.spark import (
     PartitionPublisher,
     _ArrowPlan,
+    _parquet_options,
+    _ParquetOptions,
     _staged_schema,
     _write_table,
     drain_to_parquet,
@@ -174,7 +177,7 @@ def test_arrow_takes_a_batch_only_where_it_reads_each_line_as_spark_does(spark, 
         lines = tmp_path / f"e{next(examples)}.json"  # (as a batch Arrow refuses is staged)
         lines.write_bytes("\n".join(f'{{"_nsq_i":{i},"_nsq_body":{b}}}'
                                      for i, b in enumerate(bodies)).encode())
-        _write_table(table, str(where))
+        _write_table(table, str(where), _parquet_options(spark))
         by_spark = (spark.read.schema(staged_schema).option("mode", "PERMISSIVE")
                     .option("columnNameOfCorruptRecord", "_nsq_corrupt").json(str(lines)))
         # (compared as Spark's JSON of each row: a date of year 0 has no Python form)
@@ -226,6 +229,10 @@ def test_what_the_publishers_write_is_read_by_arrow(spark, broker, tmp_path):
         assert files, way
         assert {pq.ParquetFile(f).metadata.created_by.split()[0] for f in files} \
             == {"parquet-cpp-arrow"}, way
+        assert (out / "_SUCCESS").exists()  # (as Spark's writer leaves it)
+        column = pq.ParquetFile(files[0]).metadata.row_group(0).column(7)
+        assert (column.path_in_schema, column.physical_type, column.compression) \
+            == ("ts", "INT96", "SNAPPY")  # (Spark's defaults)
         got = spark.read.parquet(str(out))
         assert got.schema["ts"].dataType == t.TimestampType()
         assert sorted(_plain(r) for r in got.select(*df.columns).collect()) == want, way
@@ -278,13 +285,14 @@ def test_a_table_file_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
 
     monkeypatch.setattr(spark_module.pq, "write_table", half_then_full)
     # When it is written into a table's directory
+    options = _ParquetOptions(".snappy", {"compression": "snappy"})
     with pytest.raises(OSError, match="No space"):
-        _write_table(table, str(tmp_path))
+        _write_table(table, str(tmp_path), options)
     # Then neither the table nor its staging directory keeps a part of it
     assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == []
     # and a write that succeeds leaves one whole file in the table, none staged
     monkeypatch.setattr(spark_module.pq, "write_table", real)
-    written = Path(_write_table(table, str(tmp_path)))
+    written = Path(_write_table(table, str(tmp_path), options))
     assert written.parent == tmp_path
     assert pq.read_table(written).to_pylist() == [{"id": 1}]
     assert not list((tmp_path / "_staging").iterdir())
@@ -314,3 +322,48 @@ def test_bodies_that_are_not_one_object_a_line_go_to_spark_and_are_judged_one_by
     assert ids == list(range(101))
     bad = sorted(r.body for r in spark.read.parquet(str(out / "_bad_messages")).collect())
     assert bad == sorted([b'{"id":101}{"id":102}', b'{"id":', b'103}{"id":104}'])
+
+
+# (the session's codec and timestamp type; the file's writer, name's end, timestamp
+# column's physical type and codec)
+@pytest.mark.parametrize(("settings", "made"), [
+    (("zstd", "TIMESTAMP_MICROS"), ("parquet-cpp-arrow", ".zstd.parquet", "INT64", "ZSTD")),
+    (("uncompressed", "INT96"), ("parquet-cpp-arrow", "-c000.parquet", "INT96", "UNCOMPRESSED")),
+    (("lz4", "INT96"), ("parquet-mr", ".lz4hadoop.parquet", "INT96", None)),  # (Hadoop's:
+    # pyarrow has no name for it)
+    (("snappy", "TIMESTAMP_MILLIS"), ("parquet-mr", ".snappy.parquet", "INT64", "SNAPPY"))])
+def test_a_drain_writes_parquet_as_the_sessions_settings_say(spark, broker, tmp_path,
+                                                              settings, made):
+    codec, stamps = settings
+    # Given a session whose Parquet writer is set to another codec or timestamp type
+    topic = f"arrow-{codec}-{stamps.lower()}"
+    with Producer(broker.zmq_endpoint) as p:
+        p.publish_batch(topic, [json.dumps({"id": i, "ts": "2026-11-28T10:39:45.123456Z"})
+                                .encode() for i in range(100)])
+    keys = ("spark.sql.parquet.compression.codec", "spark.sql.parquet.outputTimestampType")
+    before = [spark.conf.get(k) for k in keys]
+    spark.conf.set(keys[0], codec)
+    spark.conf.set(keys[1], stamps)
+    try:
+        # When a topic is drained
+        out = tmp_path / "out"
+        result = drain_to_parquet(spark, topic, "c", broker.zmq_endpoint, str(out),
+                                  schema="id long, ts timestamp", idle_timeout=3,
+                                  batch_timeout=1)
+    finally:
+        for k, v in zip(keys, before, strict=True):
+            spark.conf.set(k, v)
+    # Then its file is as Spark's writer would make it: Arrow's where Arrow writes the
+    # same, Spark's otherwise
+    assert result.rows == 100
+    (f,) = out.glob("*.parquet")
+    assert f.name.endswith(made[1])
+    meta = pq.ParquetFile(f).metadata
+    column = meta.row_group(0).column(1)
+    assert (meta.created_by.split()[0], column.physical_type) == (made[0], made[2])
+    if made[3] is not None:
+        assert column.compression == made[3]
+    (row,) = spark.read.parquet(str(out)).where("id = 7").selectExpr("unix_micros(ts) as us") \
+        .collect()
+    second = calendar.timegm((2026, 11, 28, 10, 39, 45)) * 10**6
+    assert row.us == second + (123_000 if stamps == "TIMESTAMP_MILLIS" else 123_456)
