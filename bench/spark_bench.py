@@ -16,7 +16,8 @@ options), builds a DataFrame of ``--rows`` rows whose JSON form is about
 * **foreachPartition**: ``df.foreachPartition(PartitionPublisher(...))``: the
   same, but the Python workers build each ``Row`` and serialise it;
 * **drain_to_parquet**: the topic ``publish(df)`` filled, back to Parquet with
-  the default reader (batches of 50,000, each written, fsynced and FINed);
+  the default reader (batches of 50,000, each written, fsynced and FINed; to
+  this local path Arrow reads and writes them, docs/SPARK.md);
   #16's targets are >= 0.5x consume and >= 1.0x ``publish(df)``;
 * **bare publish**: publish(df)'s client path without Spark, the broker's own
   publish-only rate: as many processes as Spark runs tasks at once, each a
