@@ -1513,10 +1513,10 @@ _ARROW_TYPES = {t.StringType: pa.string(), t.BooleanType: pa.bool_(), t.ByteType
 
 
 def _arrow_type(dtype: Any) -> pa.DataType | None:
-    """The Arrow type of a `dtype` value nested in a staged line, if Arrow's JSON reader
-    reads each JSON value Spark's reads as that type to the same value, and refuses
-    the rest (None: it might not).  Not binary (Spark's reader decodes base64), maps
-    (Arrow's reader has none), dates and timestamps (see `_ArrowPlan`), ...)."""
+    """The Arrow type of a `dtype` value in a body, if Arrow's JSON reader reads each JSON
+    value Spark's reads as that type to the same value, and refuses the rest (None: it
+    might not).  Not binary (Spark's reader decodes base64), maps (Arrow's reader has
+    none), dates and timestamps (read as text: see `_ArrowPlan`), nor any other."""
     if type(dtype) in _ARROW_TYPES:
         return _ARROW_TYPES[type(dtype)]
     if isinstance(dtype, t.DecimalType):  # (Arrow refuses what does not fit; Spark rounds)
