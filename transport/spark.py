@@ -1542,9 +1542,12 @@ class _ArrowPlan:
     the same lines in under 1 us.  It reads a batch only where it reads every value
     as Spark's reader would, and refuses the batch otherwise (a NaN written as a
     string, a value of the wrong type, a malformed line), which then goes to Spark's
-    reader as before.  Dates and timestamps are read as strings and taken only in
-    their ISO 8601 form (a timestamp without an offset in the session's time zone, as
-    Spark's reader has it); nested in a struct or an array they are not taken.
+    reader as before.  NaN and the infinities written as strings (as Spark's JSON
+    writer writes them) are taken in a top-level float column: the string after that
+    column's key becomes the literal Arrow reads.  Dates and timestamps are read as
+    strings and taken only in their ISO 8601 form (a timestamp without an offset in
+    the session's time zone, as Spark's reader has it); nested in a struct or an
+    array they are not taken.
 
     Two more differences, found by tests/spark/test_arrow.py, are checked for: Arrow
     reads the JSON integer ``-0`` as a float -0.0 where Spark's reader reads 0.0 (so a
@@ -1560,6 +1563,8 @@ class _ArrowPlan:
     temporal: tuple[tuple[int, Any], ...] = ()  # (column, date32 or timestamp) read as text
     decimals: tuple[tuple[int, Any], ...] = ()  # (column, its type with 38-digit decimals)
     floats: bool = False  # (a float in the schema: a batch with a -0 is refused)
+    # a top-level float column's "NaN", "Infinity"... as Spark's JSON writer writes them
+    nonfinite: re.Pattern[bytes] | None = None
 
     @classmethod
     def of(cls, body: t.StructType, metadata: bool, spark_version: str) -> _ArrowPlan:
@@ -1589,7 +1594,11 @@ class _ArrowPlan:
         decimals = tuple((i, wide) for i, (_, a) in enumerate(read)
                          if (wide := _wide_decimals(a)) is not None)
         floats = any(pa.types.is_floating(leaf) for _, a in read for leaf in _leaves(a))
-        return cls(body, True, staged, written, tuple(temporal), decimals, floats)
+        names = [re.escape(name.encode()) for name, a in read if pa.types.is_floating(a)]
+        nonfinite = re.compile(rb'("(?:%b)"\s*:\s*)"(%b)"' % (
+            b"|".join(names), b"|".join(map(re.escape, _NONFINITE_LITERALS)))) \
+            if names else None
+        return cls(body, True, staged, written, tuple(temporal), decimals, floats, nonfinite)
 
     def read(self, lines: bytes, rows: int, zone: str, metadata: Sequence[pa.Array] = ()
              ) -> pa.Table | None:
@@ -1599,6 +1608,9 @@ class _ArrowPlan:
         assert self.schema is not None
         if self.floats and _NEGATIVE_ZERO.search(lines):
             return None
+        if self.nonfinite is not None and (b'"NaN"' in lines or b'Inf' in lines
+                                           or b'INF"' in lines):
+            lines = self.nonfinite.sub(_literal, lines)
         try:
             read = pa_json.read_json(
                 pa.BufferReader(lines),
@@ -1621,6 +1633,16 @@ class _ArrowPlan:
 
 
 _NEGATIVE_ZERO = re.compile(rb"-0(?![.\deE])")  # (the JSON integer; or text in a string)
+
+_NONFINITE_LITERALS = {b"NaN": b"NaN", b"Infinity": b"Infinity", b"+Infinity": b"Infinity",
+                       b"+INF": b"Infinity", b"-Infinity": b"-Infinity", b"-INF": b"-Infinity"}
+"""The strings Spark's JSON reader reads as a float's NaN and infinities (its writer
+writes NaN, Infinity and -Infinity), and the literals Arrow's reader reads as them."""
+
+
+def _literal(match: re.Match[bytes]) -> bytes:
+    """A key and its float's NaN or infinity as a string, with the value as a literal."""
+    return match[1] + _NONFINITE_LITERALS[match[2]]
 
 
 def _leaves(a: pa.DataType) -> Iterator[pa.DataType]:

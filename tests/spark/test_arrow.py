@@ -52,6 +52,7 @@ BODY = t.StructType([t.StructField(name, dtype) for name, dtype in [
 # and the wrong type, out of range, odd forms); a body takes at most one field's value
 # from the second, so that batches Arrow takes are met as often as those it refuses.
 _finite = st.floats(allow_nan=False, allow_infinity=False).map(json.dumps)
+_nonfinite = st.sampled_from(['"NaN"', '"Infinity"', '"-Infinity"'])  # (as the writers do)
 _odd = st.sampled_from(['null', 'true', '"5"', '"x"', '""', '1.0', '1e3', '-0', '[]', '{}',
                         '"NaN"', '"Infinity"', '"-Infinity"', 'NaN', '-Infinity', '1e400'])
 
@@ -118,11 +119,15 @@ _usual_struct = _object({"x": (_integers(32)[0],) * 2, "y": (_array(_text),) * 2
                          "z": (_array(_small_decimal),) * 2})
 _FIELDS = {
     "id": _integers(64), "i": _integers(32), "b": _integers(8),
-    "d": (_finite, st.one_of(_finite, st.floats().map(json.dumps),  # (NaN, Infinity literals)
-                             st.integers(-2**70, 2**70).map(str), _odd)),
-    "f": (st.floats(width=32, allow_nan=False, allow_infinity=False).map(json.dumps),
+    "d": (st.one_of(_finite, _nonfinite), st.one_of(
+        _finite, st.floats().map(json.dumps),  # (NaN, Infinity literals)
+        st.integers(-2**70, 2**70).map(str), _odd,
+        st.sampled_from(['"+INF"', '"-INF"', '"+Infinity"', '"NaN"']))),
+    "f": (st.one_of(st.floats(width=32, allow_nan=False, allow_infinity=False).map(json.dumps),
+                    _nonfinite),
           st.one_of(st.floats(width=32).map(json.dumps), _odd, st.sampled_from(
-              ['1e39', '3.4028235e38', '1e-46', '"1.5"', '0.1', '16777217']))),
+              ['1e39', '3.4028235e38', '1e-46', '"1.5"', '0.1', '16777217', '"+INF"',
+               '"-INF"', '"+Infinity"', '"INF"', '"nan"', '"Inf"', '"-Inf"']))),
     "dec": (_decimal, _any_decimal),
     "ok": (st.sampled_from(["true", "false", "null"]), _odd),
     "s": (_text, _any_text),
@@ -194,19 +199,25 @@ def test_arrow_takes_a_batch_only_where_it_reads_each_line_as_spark_does(spark, 
         check()
     finally:
         spark.conf.set("spark.sql.session.timeZone", before)
-    # (not vacuous: both kinds of batch were met)
+    # (not vacuous: both kinds of batch were met, and NaN written as a string taken)
     assert len(taken) >= 10
     assert len(given_back) >= 10
+    assert any('"NaN"' in body or 'Infinity"' in body for bodies in taken for body in bodies)
+
+
+_SPECIAL = {0: math.nan, 1: math.inf, 2: -math.inf}
 
 
 def test_what_the_publishers_write_is_read_by_arrow(spark, broker, tmp_path):
     # Given rows of every type Arrow takes, published both ways (Spark's JSON writer,
-    # and the Python serialiser), timestamps with and without an offset
+    # and the Python serialiser), timestamps with and without an offset, and NaN and
+    # the infinities in the top-level float columns (both write them as strings)
     schema = ("id long, i int, f float, d double, dec decimal(20,5), ok boolean, day date, "
               "ts timestamp, s struct<x:int,tags:array<string>>, arr array<double>, "
               "name string")
     df = spark.createDataFrame(
-        [(i, i % 7 - 3, i / 8, i / 3, decimal.Decimal(f"{i}.12345"), i % 2 == 0,
+        [(i, i % 7 - 3, _SPECIAL.get(i % 50, i / 8), _SPECIAL.get(i % 40, i / 3),
+          decimal.Decimal(f"{i}.12345"), i % 2 == 0,
           dt.date(2020, 1, 1) + dt.timedelta(days=i), dt.datetime(2021, 3, 14, 1, 59, 26, i),
           (i, ["a", None]), [i / 3, None], f"row é {i}") for i in range(300)],
         schema).cache()
@@ -241,8 +252,8 @@ def test_what_the_publishers_write_is_read_by_arrow(spark, broker, tmp_path):
 
 
 def test_a_batch_arrow_does_not_take_comes_back_whole_through_spark(spark, broker, tmp_path):
-    # Given two batches: one Arrow takes, one with a NaN written as a string (as
-    # Spark's JSON writer writes it) and a value that is not a number
+    # Given two batches: one Arrow takes, one with a value that is not a number (and
+    # NaNs written as strings, which Arrow takes)
     first = [json.dumps({"id": i, "d": i / 3}).encode() for i in range(1_000)]
     second = [json.dumps({"id": i, "d": "NaN" if i % 10 == 0 else i / 3}).encode()
               for i in range(1_000, 2_000)]
