@@ -649,7 +649,8 @@ def test_a_next_batch_that_cannot_be_staged_is_requeued_and_its_error_raised(
 
 
 class _Arrivals:
-    """A reader's queue of arrivals that says when it has handed out a given message."""
+    """A reader's queue of arrivals (each delivery's messages, or the close's sentinel)
+    that says when it has handed out a given message."""
 
     def __init__(self, watched: bytes) -> None:
         self._queue: Any = __import__("queue").SimpleQueue()
@@ -659,10 +660,11 @@ class _Arrivals:
     def put(self, m: Any) -> None:
         self._queue.put(m)
 
-    def _seen(self, m: Any) -> Any:
-        if getattr(m, "id", None) == self.watched:
+    def _seen(self, run: Any) -> Any:
+        if any(getattr(m, "id", None) == self.watched
+               for m in (run if isinstance(run, list) else [run])):
             self.taken.set()
-        return m
+        return run
 
     def get(self, timeout: float | None = None) -> Any:
         return self._seen(self._queue.get(timeout=timeout))
@@ -777,6 +779,17 @@ def test_closing_a_reader_wakes_a_batch_waiting_for_its_first_message(spark):
     assert got == []
 
 
+def test_a_delivery_larger_than_a_batch_is_split_over_the_batches_in_order(spark):
+    # Given a reader of batches of 2 and one delivery of 5 messages
+    reader = TopicReader(spark, "t", "c", "tcp://127.0.0.1:1", schema=SCHEMA, batch_size=2,
+                         batch_timeout=0.1, idle_timeout=0.1)
+    session = _session("tcp://b")
+    reader._delivered([Message(b"%016d" % i, b"{}", 0, 1, session) for i in range(5)])
+    # When it gathers until nothing is left, Then each batch takes the next ones in order
+    ids = [[int(m.id) for m in reader._gather()] for _ in range(4)]
+    assert ids == [[0, 1], [2, 3], [4], []]
+
+
 def test_two_brokers_messages_with_the_same_id_are_two_messages(spark):
     # Given two brokers on one host, which share a node id, so each issued the same id
     # in the same millisecond (CI once lost a 200-row MPUB of a drain to this: the
@@ -791,7 +804,7 @@ def test_two_brokers_messages_with_the_same_id_are_two_messages(spark):
                        session)
 
     for i, session in enumerate(sessions):
-        reader._arrived.put(message(session, i))
+        reader._delivered([message(session, i)])
     # When the reader gathers a batch, Then it holds both, and commits both to their brokers
     batch = build(reader, reader._gather())
     assert (batch.rows, batch.duplicates) == (2, 0)
