@@ -1243,16 +1243,14 @@ class TopicReader:
         if lines.count(b"\n") != len(bodies) - 1 or {b[:1] for b in bodies} != {b"{"} \
                 or {b[-1:] for b in bodies} != {b"}"}:
             return False
-        metadata = [pa.array([m.id.decode("ascii", "replace") for m in messages], pa.string()),
-                    pa.array([m.timestamp for m in messages], pa.int64()),
-                    pa.array([m.attempts for m in messages], pa.int32())] \
+        metadata = [[m.id.decode("ascii", "replace") for m in messages],
+                    [m.timestamp for m in messages], [m.attempts for m in messages]] \
             if self.metadata else []
         zone = self.spark.conf.get("spark.sql.session.timeZone") if plan.temporal else ""
         table = plan.read(lines, len(bodies), zone, metadata)
         if table is None:
             return False
-        prepared.kept += messages
-        prepared.values += bodies
+        prepared.kept += messages  # (no values: Spark's reader never sees this batch)
         prepared.table = table
         return True
 
@@ -1364,8 +1362,8 @@ class _Prepared:
     keys: list[Any]  # each message's (source, id), made once for all a batch needs
     bad: list[tuple[Message, str]] = field(default_factory=list)
     kept: list[Message] = field(default_factory=list)
-    # each kept message's staged JSON body or row (two lists, not a tuple a message: a
-    # tuple holding a message is one more object the garbage collector scans)
+    # each kept message's staged JSON body or row, none for a batch Arrow read (two lists,
+    # not a tuple a message: a tuple holding a message is one more object the collector scans)
     values: list[Any] = field(default_factory=list)
     blob: bytes = b""  # the staged JSON lines of `kept`, one a message
     table: pa.Table | None = None  # or its rows, read by Arrow (a drain's)
@@ -1613,10 +1611,11 @@ class _ArrowPlan:
             if names else None
         return cls(body, True, staged, written, tuple(temporal), decimals, floats, nonfinite)
 
-    def read(self, lines: bytes, rows: int, zone: str, metadata: Sequence[pa.Array] = ()
+    def read(self, lines: bytes, rows: int, zone: str, metadata: Sequence[list[Any]] = ()
              ) -> pa.Table | None:
-        """The table of `lines`, JSON objects one a line, with the `metadata` columns; None
-        if Arrow may not read them as Spark would, or if they are not `rows` rows."""
+        """The table of `lines`, JSON objects one a line, with the `metadata` columns'
+        values; None if Arrow may not read them as Spark would, or if they are not
+        `rows` rows."""
         assert self.staged is not None
         assert self.schema is not None
         if self.floats and _NEGATIVE_ZERO.search(lines):
@@ -1640,7 +1639,9 @@ class _ArrowPlan:
                 if column is None:
                     return None
                 columns[i] = column
-            return pa.Table.from_arrays([*columns, *metadata], schema=self.schema)
+            columns += [pa.array(values, self.schema.field(len(columns) + i).type)
+                        for i, values in enumerate(metadata)]
+            return pa.Table.from_arrays(columns, schema=self.schema)
         except (pa.ArrowException, ValueError):
             return None
 
