@@ -45,7 +45,6 @@ counts the type and data; type 0 is a response (``OK``, ``_heartbeat_``,
 from __future__ import annotations
 
 import json
-import re
 import struct
 from collections.abc import Callable, Iterable
 from enum import Enum, auto
@@ -110,8 +109,13 @@ MAGIC = b"  V2"
 _FIN_STATES = states_allowing("FIN")
 PUBLISHES = (Pub, Mpub, Dpub)
 """The commands that publish (the first of them may hand a connection over)."""
-_FIN_RUN = re.compile(rb"(?:FIN .{16}\n)+", re.DOTALL)  # a run of well-formed FIN lines
-_FIN_ID = re.compile(rb"FIN (.{16})\n", re.DOTALL)
+_FIN_LINE = 21
+"""``FIN <16-byte id>\\n``: a consumer sends one of these lines per message."""
+_FIN_MARKS = ((0, b"F"), (1, b"I"), (2, b"N"), (3, b" "), (20, b"\n"))
+"""The bytes every FIN line has at these offsets (its id may hold any 16)."""
+_FIN_CHUNK = 256
+_FIN_IDS = [struct.Struct("<" + "4x16sx" * n) for n in range(_FIN_CHUNK + 1)]
+"""``_FIN_IDS[n]`` reads the ids of `n` FIN lines in one call."""
 FRAME_TYPE_RESPONSE = 0
 FRAME_TYPE_ERROR = 1
 FRAME_TYPE_MESSAGE = 2
@@ -290,14 +294,23 @@ class ServerConnection:
     def _fast_fins(self) -> list[bytes]:
         """Take consecutive ``FIN <16-byte id>\\n`` lines; stop at anything else.
 
-        Two regular-expression passes (the run's extent, then its ids) keep the
-        per-line work in C: a consumer sends one of these lines per message.
+        The per-line work is in C: lines are 21 bytes, so the bytes at each fixed
+        offset of the whole lines buffered are a strided slice, and the run is as
+        long as the shortest stretch of right bytes at its start; then a `struct`
+        reads every id of the run (a regular expression took ten times as long).
         """
-        run = _FIN_RUN.match(self._buf, self._pos)
-        if run is None:
+        buf, pos = self._buf, self._pos
+        lines = (len(buf) - pos) // _FIN_LINE
+        if not lines or buf[pos : pos + 4] != b"FIN ":
             return []
-        ids: list[bytes] = _FIN_ID.findall(self._buf, self._pos, run.end())
-        self._pos = self._scan = run.end()
+        end = pos + lines * _FIN_LINE
+        for offset, mark in _FIN_MARKS:
+            column = buf[pos + offset : end : _FIN_LINE]
+            lines = min(lines, len(column) - len(column.lstrip(mark)))
+        ids: list[bytes] = []
+        for at in range(0, lines, _FIN_CHUNK):
+            ids += _FIN_IDS[min(_FIN_CHUNK, lines - at)].unpack_from(buf, pos + at * _FIN_LINE)
+        self._pos = self._scan = pos + lines * _FIN_LINE
         return ids
 
     @classmethod

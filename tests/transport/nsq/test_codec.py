@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import struct
 
 import pytest
@@ -680,3 +681,60 @@ def test_a_run_of_fin_lines_with_odd_bytes_in_the_ids_is_read_whole() -> None:
     conn.receive_data(b"".join(b"FIN " + i + b"\n" for i in ids) + b"NOP\n")
     # Then they come out as one FIN with every id, then the NOP
     assert conn.next_events() == [Fin(tuple(ids)), Nop()]
+
+
+def _merged_fins(events: list[object]) -> list[object]:
+    """Consecutive FINs as one, as the fast path makes them (errors as their fields)."""
+    out: list[object] = []
+    for event in events:
+        if type(event) is Fin and out and type(out[-1]) is Fin:
+            out[-1] = Fin(out[-1].ids + event.ids)
+        elif isinstance(event, ProtocolError):
+            out.append((event.code, event.text, event.fatal))
+        else:
+            out.append(event)
+    return out
+
+
+_FIN_LINES = st.one_of(
+    st.binary(min_size=16, max_size=16).map(lambda i: b"FIN " + i + b"\n"),
+    # a line wrong at one byte of its frame, or of another length
+    st.tuples(st.binary(min_size=16, max_size=16), st.sampled_from([0, 1, 2, 3, 20]),
+              st.binary(min_size=1, max_size=1)).map(
+        lambda t: bytes((b"FIN " + t[0] + b"\n")[: t[1]] + t[2]
+                        + (b"FIN " + t[0] + b"\n")[t[1] + 1 :])),
+    st.binary(min_size=0, max_size=20).map(lambda i: b"FIN " + i.replace(b"\n", b"") + b"\n"),
+    st.just(b"NOP\n"),
+    st.just(b"RDY 5\n"),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_FIN_LINES, max_size=600), st.integers(min_value=1, max_value=64))
+def test_the_fin_fast_path_reads_what_the_general_parser_reads(lines, cut) -> None:
+    # Given a subscribed connection's stream of FIN lines, some malformed, with other
+    # commands between them, read in pieces
+    stream = b"".join(lines)
+    fast, slow = ServerConnection(), ServerConnection()
+
+    def by_regex() -> list[bytes]:  # the fast path as it was: two regular expressions
+        run = re.compile(rb"(?:FIN .{16}\n)+", re.DOTALL).match(slow._buf, slow._pos)
+        if run is None:
+            return []
+        ids = re.compile(rb"FIN (.{16})\n", re.DOTALL).findall(slow._buf, slow._pos, run.end())
+        slow._pos = slow._scan = run.end()
+        return ids
+
+    slow._fast_fins = by_regex  # type: ignore[method-assign]
+    got: dict[int, list[object]] = {id(fast): [], id(slow): []}
+    for conn in (fast, slow):
+        conn.receive_data(MAGIC + b"SUB t c\n")
+        conn.next_events()
+        for at in range(0, len(stream), cut * 21):
+            conn.receive_data(stream[at : at + cut * 21])
+            got[id(conn)] += conn.next_events()
+            if conn.closed:
+                break
+    # Then the fast path takes the FIN runs a regular expression takes, and the general
+    # parser gives the same commands and errors for the rest
+    assert _merged_fins(got[id(fast)]) == _merged_fins(got[id(slow)])
