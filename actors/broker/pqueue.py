@@ -39,9 +39,11 @@ keeps every sift inside ``heapq``'s C code.
 deadline; :meth:`InFlightQueue.push_run` gives such a run a single heap
 entry ``[priority, sequence, RUN, members, size]`` whose *members* are a
 dict ``key -> item`` of its live messages, in order; the index maps each
-member's key to the run itself.  Pushing a run is one ``heappush`` and
-two dict builds in C, not a heap entry or a Python object per message;
-removing a member deletes it from both dicts.  A run whose members are all
+member's key to the run itself.  Pushing a run is one ``heappush``, a
+dict build and a dict update in C, not a heap entry or a Python object per
+message; removing a member deletes it from both dicts.  A run's members
+share their owner (what one client got in one delivery pass), so a FIN of
+a stretch of one run checks the owner once and pops the stretch in C.  A run whose members are all
 gone becomes a tombstone itself, and one mostly gone (its members fewer
 than a quarter of `size`, how many it held when last built) is rebuilt
 with only them, since a dict keeps its table when keys leave: a run never
@@ -58,7 +60,9 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections import deque
 from collections.abc import Hashable, Iterable, Iterator
+from itertools import repeat
 from typing import Any, Generic, TypeVar
 
 __all__ = ["DeferredQueue", "DuplicateIdError", "InFlightQueue", "KeyedHeap"]
@@ -256,42 +260,80 @@ class InFlightQueue(KeyedHeap[T]):
     __slots__ = ()
 
     def push_run(self, msg_ids: list[Any], deadline: float, items: Iterable[T]) -> None:
-        """``push`` of ids not in flight that share one deadline, as one run (see "Runs")."""
+        """``push`` of ids not in flight that share one deadline and one owner (the
+        items' owner element, as :meth:`remove_owned` reads it), as one run (see "Runs")."""
         members = dict(zip(msg_ids, items, strict=True))
         if members:
             run = [deadline, next(self._seq), _RUN, members, len(members)]
-            self._index.update(dict.fromkeys(members, run))  # (the hashes come along)
+            self._index.update(zip(msg_ids, repeat(run)))
             heapq.heappush(self._heap, run)
 
     def remove_owned(self, msg_ids: list[Any], owner: Any, owner_at: int
                      ) -> tuple[list[T], list[Any]]:
-        """Remove the ids held by ``owner``: ``(their items, the ids that were not)``."""
+        """Remove the ids held by ``owner``: ``(their items, the ids that were not)``.
+
+        A FIN names the messages of a delivery in the order they came, so the ids
+        mostly form stretches of one run each; a stretch is taken in C (its members
+        popped by ``map``), its owner checked once, since a run's members share theirs.
+        An id outside a run of `owner`'s, or named twice, is handled on its own."""
         index = self._index
         removed: list[T] = []
         failed: list[Any] = []
-        for msg_id in msg_ids:
+        n = len(msg_ids)
+        at = 0
+        while at < n:
+            msg_id = msg_ids[at]
             entry = index.get(msg_id)
             if entry is None:
                 failed.append(msg_id)
+                at += 1
                 continue
-            if entry[_KEY] is _RUN:
-                members = entry[_ITEM]
-                item = members[msg_id]
-                if item[owner_at] != owner:
+            if entry[_KEY] is not _RUN:
+                if entry[_ITEM][owner_at] != owner:
                     failed.append(msg_id)
-                    continue
+                else:
+                    removed.append(entry[_ITEM])
+                    entry[_KEY] = _DEAD
+                    entry[_ITEM] = None
+                    del index[msg_id]
+                at += 1
+                continue
+            members = entry[_ITEM]
+            item = members[msg_id]
+            if item[owner_at] != owner:
+                failed.append(msg_id)
+                at += 1
+                continue
+            end = at + 1
+            if end == n or msg_ids[end] not in members:  # on its own
                 del members[msg_id]
-                if not len(members) & 63:  # (_detach, inlined: this is every FIN)
+                del index[msg_id]
+                removed.append(item)
+                if not len(members) & 63:
                     _member_gone(entry)
-            else:
-                item = entry[_ITEM]
-                if item[owner_at] != owner:
-                    failed.append(msg_id)
-                    continue
-                entry[_KEY] = _DEAD
-                entry[_ITEM] = None
-            del index[msg_id]
-            removed.append(item)
+                at = end
+                continue
+            # the stretch from `at` whose ids are members of this run, looked at in
+            # chunks that double (so a short stretch costs a short look)
+            end, step = end + 1, 16
+            while end < n:
+                inside = list(map(members.__contains__, msg_ids[end : end + step]))
+                if not all(inside):
+                    end += inside.index(False)
+                    break
+                end += len(inside)
+                step *= 2
+            ids = msg_ids[at:end] if at or end < n else msg_ids
+            at = end
+            before = len(members)
+            items = list(map(members.pop, ids, repeat(None)))
+            deque(map(index.pop, ids, repeat(None)), maxlen=0)
+            if before - len(members) == len(ids):
+                removed += items
+            else:  # an id named twice: the first took it, the rest fail
+                removed += [item for item in items if item is not None]
+                failed += [i for i, item in zip(ids, items, strict=True) if item is None]
+            _member_gone(entry)
         heap = self._heap
         if len(heap) > _COMPACT_MIN and len(heap) > 2 * len(index):
             self._compact()

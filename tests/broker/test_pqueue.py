@@ -350,11 +350,25 @@ def test_runs_mixed_with_single_entries_match_a_simple_model() -> None:
             next_id += 1
         elif op < 0.55 and model:
             owner = rng.choice("ab")
-            ids = rng.sample(sorted(model), min(len(model), rng.randrange(1, 400)))
+            keys = sorted(model)
+            if rng.random() < 0.5:  # as a consumer FINs: a stretch, in delivery order
+                start = rng.randrange(len(keys))
+                ids = keys[start : start + rng.randrange(1, 400)]
+            else:
+                ids = rng.sample(keys, min(len(model), rng.randrange(1, 400)))
+            if rng.random() < 0.2:  # an id named twice, and one never in flight
+                ids.insert(rng.randrange(len(ids) + 1), rng.choice(ids))
+                ids.insert(rng.randrange(len(ids) + 1), -1)
             removed, failed = q.remove_owned(ids, owner, 1)
-            mine = [i for i in ids if model[i][2] == owner]
+            mine, others, gone = [], [], set()
+            for i in ids:
+                if i in model and model[i][2] == owner and i not in gone:
+                    mine.append(i)
+                    gone.add(i)
+                else:
+                    others.append(i)
             assert [i for i, _ in removed] == mine
-            assert failed == [i for i in ids if model[i][2] != owner]
+            assert failed == others
             for i in mine:
                 del model[i]
         elif op < 0.65 and model:
