@@ -493,7 +493,7 @@ class ChannelState:
         handles, msgs = self.ready.take(min(limit, client.rdy - client.in_flight))
         name = client.name
         # in-flight items (encoded, handle, client) are made by zip, in C
-        self.in_flight.push_run([m[10:26] for m in msgs], now + client.msg_timeout_ns,
+        self.in_flight.push_run(list(map(_ID_OF, msgs)), now + client.msg_timeout_ns,
                                 zip(msgs, handles, repeat(name), strict=False))
         client.in_flight += len(msgs)
         client.delivered += len(msgs)
@@ -535,7 +535,7 @@ class ChannelState:
         deliveries = self.effects.deliveries
         for name, (client, msgs, handles) in got.items():
             client.delivered += len(msgs)
-            self.in_flight.push_run([m[10:26] for m in msgs], now + client.msg_timeout_ns,
+            self.in_flight.push_run(list(map(_ID_OF, msgs)), now + client.msg_timeout_ns,
                                     zip(msgs, handles, repeat(name), strict=False))
             out = deliveries.get(name)
             if out is None:
