@@ -43,11 +43,11 @@ member's key to the run itself.  Pushing a run is one ``heappush``, a
 dict build and a dict update in C, not a heap entry or a Python object per
 message; removing a member deletes it from both dicts.  A run's members
 share their owner (what one client got in one delivery pass), so a FIN of
-a stretch of one run checks the owner once and pops the stretch in C.  A run whose members are all
-gone becomes a tombstone itself, and one mostly gone (its members fewer
-than a quarter of `size`, how many it held when last built) is rebuilt
-with only them, since a dict keeps its table when keys leave: a run never
-holds on to much more than its live members.  A popped run yields its
+a stretch of one run checks the owner once and pops the stretch in C.  A
+run whose members are all gone becomes a tombstone itself, and one mostly
+gone (its members fewer than a quarter of `size`, how many it held when
+last built) is rebuilt with only them, since a dict keeps its table when
+keys leave: a run never holds on to much more than its live members.  A popped run yields its
 members in order; ties between runs and single entries of equal priority
 still go by sequence, i.e. insertion order.
 
