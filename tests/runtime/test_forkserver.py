@@ -82,6 +82,9 @@ _KILL_SERVER = textwrap.dedent("""
             gone = [pid for pid in before.values()
                     if not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"]
             _, pid, _ = rt.ask("rec:a", Whoami(), timeout=10)
+            # (and the gateway answers: its node is made after it unblocks the signals,
+            # so the masks read below are no longer those of a node still starting)
+            rt.ask("client:a", Whoami(), timeout=10)
             server = mp_forkserver._forkserver._forkserver_pid
             blocked = {n: blocked_signals(p) for n, p in [("server", server), *after.items()]}
             print(json.dumps({"before": before, "after": after, "gone": gone, "pid": pid,
