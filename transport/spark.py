@@ -1554,8 +1554,9 @@ class _ArrowPlan:
     as Spark's reader would, and refuses the batch otherwise (a NaN written as a
     string, a value of the wrong type, a malformed line), which then goes to Spark's
     reader as before.  NaN and the infinities written as strings (as Spark's JSON
-    writer writes them) are taken in a top-level float column: the string after that
-    column's key becomes the literal Arrow reads.  Dates and timestamps are read as
+    writer writes them) are taken in a float field at any depth of structs and in a
+    list of floats: the string after that field's key, or in that list, becomes the
+    literal Arrow reads (`_float_fields`).  Dates and timestamps are read as
     strings and taken only in their ISO 8601 form (a timestamp without an offset in
     the session's time zone, as Spark's reader has it); nested in a struct or an
     array they are not taken.
@@ -1574,8 +1575,10 @@ class _ArrowPlan:
     temporal: tuple[tuple[int, Any], ...] = ()  # (column, date32 or timestamp) read as text
     decimals: tuple[tuple[int, Any], ...] = ()  # (column, its type with 38-digit decimals)
     floats: bool = False  # (a float in the schema: a batch with a -0 is refused)
-    # a top-level float column's "NaN", "Infinity"... as Spark's JSON writer writes them
+    # a float field's "NaN", "Infinity"... as Spark's JSON writer writes them, at any
+    # depth; and a list of floats with them in it
     nonfinite: re.Pattern[bytes] | None = None
+    nonfinite_lists: re.Pattern[bytes] | None = None
 
     @classmethod
     def of(cls, body: t.StructType, metadata: bool, spark_version: str) -> _ArrowPlan:
@@ -1605,11 +1608,16 @@ class _ArrowPlan:
         decimals = tuple((i, wide) for i, (_, a) in enumerate(read)
                          if (wide := _wide_decimals(a)) is not None)
         floats = any(pa.types.is_floating(leaf) for _, a in read for leaf in _leaves(a))
-        names = [re.escape(name.encode()) for name, a in read if pa.types.is_floating(a)]
+        scalars: set[str] = set()
+        lists: set[str] = set()
+        _float_fields(read, scalars, lists)
         nonfinite = re.compile(rb'("(?:%b)"\s*:\s*)"(%b)"' % (
-            b"|".join(names), b"|".join(map(re.escape, _NONFINITE_LITERALS)))) \
-            if names else None
-        return cls(body, True, staged, written, tuple(temporal), decimals, floats, nonfinite)
+            b"|".join(re.escape(n.encode()) for n in sorted(scalars)),
+            b"|".join(map(re.escape, _NONFINITE_LITERALS)))) if scalars else None
+        nonfinite_lists = re.compile(rb'("(?:%b)"\s*:\s*\[)([^\[\]]*)\]' % (
+            b"|".join(re.escape(n.encode()) for n in sorted(lists)))) if lists else None
+        return cls(body, True, staged, written, tuple(temporal), decimals, floats, nonfinite,
+                   nonfinite_lists)
 
     def read(self, lines: bytes, rows: int, zone: str, metadata: Sequence[list[Any]] = ()
              ) -> pa.Table | None:
@@ -1620,9 +1628,12 @@ class _ArrowPlan:
         assert self.schema is not None
         if self.floats and _NEGATIVE_ZERO.search(lines):
             return None
-        if self.nonfinite is not None and (b'"NaN"' in lines or b'Inf' in lines
-                                           or b'INF"' in lines):
-            lines = self.nonfinite.sub(_literal, lines)
+        if (self.nonfinite is not None or self.nonfinite_lists is not None) \
+                and (b'"NaN"' in lines or b'Inf' in lines or b'INF"' in lines):
+            if self.nonfinite is not None:
+                lines = self.nonfinite.sub(_literal, lines)
+            if self.nonfinite_lists is not None:
+                lines = self.nonfinite_lists.sub(_literals_within, lines)
         try:
             read = pa_json.read_json(
                 pa.BufferReader(lines),
@@ -1657,6 +1668,33 @@ writes NaN, Infinity and -Infinity), and the literals Arrow's reader reads as th
 def _literal(match: re.Match[bytes]) -> bytes:
     """A key and its float's NaN or infinity as a string, with the value as a literal."""
     return match[1] + _NONFINITE_LITERALS[match[2]]
+
+
+_NONFINITE_STRING = re.compile(rb'"(%b)"' % b"|".join(map(re.escape, _NONFINITE_LITERALS)))
+
+
+def _literals_within(match: re.Match[bytes]) -> bytes:
+    """A key and its list of floats, with the NaNs and infinities in it as literals."""
+    return match[1] + _NONFINITE_STRING.sub(lambda m: _NONFINITE_LITERALS[m[1]], match[2]) \
+        + b"]"
+
+
+def _float_fields(fields: Iterable[tuple[str, pa.DataType]], scalars: set[str],
+                  lists: set[str]) -> None:
+    """The names of the float fields among `fields` and in their structs, at any depth
+    (`scalars`), and of the lists of floats (`lists`).  A name that another field of
+    another type shares is rewritten there too; Arrow then refuses the literal (it
+    takes a number only into a float), and the batch goes to Spark: never a wrong value."""
+    for name, a in fields:
+        item = a.value_type if pa.types.is_list(a) else None
+        if pa.types.is_floating(a):
+            scalars.add(name)
+        elif item is not None and pa.types.is_floating(item):
+            lists.add(name)
+        for inner in (a, item):
+            if inner is not None and pa.types.is_struct(inner):
+                _float_fields(((inner.field(i).name, inner.field(i).type)
+                               for i in range(inner.num_fields)), scalars, lists)
 
 
 def _leaves(a: pa.DataType) -> Iterator[pa.DataType]:

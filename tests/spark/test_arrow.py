@@ -15,6 +15,7 @@ import datetime as dt
 import decimal
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +46,11 @@ BODY = t.StructType([t.StructField(name, dtype) for name, dtype in [
     ("s", t.StringType()), ("day", t.DateType()), ("ts", t.TimestampType()),
     ("st", t.StructType([t.StructField("x", t.IntegerType()),
                          t.StructField("y", t.ArrayType(t.StringType())),
-                         t.StructField("z", t.ArrayType(t.DecimalType(5, 1)))])),
-    ("arr", t.ArrayType(t.LongType()))]])
+                         t.StructField("z", t.ArrayType(t.DecimalType(5, 1))),
+                         t.StructField("w", t.DoubleType()),
+                         # (a string named as a float: its "NaN" must stay a string)
+                         t.StructField("d", t.StringType())])),
+    ("arr", t.ArrayType(t.LongType())), ("ds", t.ArrayType(t.DoubleType()))]])
 
 # Each field has its usual values (what the publishers write) and any values (those,
 # and the wrong type, out of range, odd forms); a body takes at most one field's value
@@ -115,8 +119,12 @@ _any_decimal = st.one_of(
         allow_infinity=False)).map(str),
     st.sampled_from(['1.5e2', '"1e2"', '"1,000.5"', '12345678.9', '0.005', '"0.10"', '9999.9',
                      '99999', '9999.95']))
+_usual_double = st.one_of(_finite, _nonfinite)
+_any_double = st.one_of(_finite, st.floats().map(json.dumps), _odd, st.sampled_from(
+    ['"+INF"', '"-INF"', '"+Infinity"', '"NaN"', '"nan"', '"1.5"']))
 _usual_struct = _object({"x": (_integers(32)[0],) * 2, "y": (_array(_text),) * 2,
-                         "z": (_array(_small_decimal),) * 2})
+                         "z": (_array(_small_decimal),) * 2, "w": (_usual_double,) * 2,
+                         "d": (_text,) * 2})
 _FIELDS = {
     "id": _integers(64), "i": _integers(32), "b": _integers(8),
     "d": (st.one_of(_finite, _nonfinite), st.one_of(
@@ -139,8 +147,12 @@ _FIELDS = {
          '"2020-01-01T00:00:00+01:00:00"']))),
     "st": (_usual_struct, st.one_of(_object({"x": _integers(32), "y": (
         _array(_text), st.one_of(_array(_any_text), _odd)), "z": (
-        _array(_small_decimal), st.one_of(_array(_any_decimal), _odd))}), _odd)),
+        _array(_small_decimal), st.one_of(_array(_any_decimal), _odd)),
+        "w": (_usual_double, _any_double), "d": (_text, st.one_of(_nonfinite, _any_text))}),
+        _odd)),
     "arr": (_array(_integers(64)[0]), st.one_of(_array(_integers(64)[1]), _odd)),
+    "ds": (_array(_usual_double), st.one_of(_array(_any_double),
+                                            _array(_array(_usual_double)), _odd)),
 }
 _body = _object(_FIELDS)
 
@@ -199,10 +211,15 @@ def test_arrow_takes_a_batch_only_where_it_reads_each_line_as_spark_does(spark, 
         check()
     finally:
         spark.conf.set("spark.sql.session.timeZone", before)
-    # (not vacuous: both kinds of batch were met, and NaN written as a string taken)
+    # (not vacuous: both kinds of batch were met, and NaN written as a string taken, at
+    # the top level, in a struct and in a list)
     assert len(taken) >= 10
     assert len(given_back) >= 10
-    assert any('"NaN"' in body or 'Infinity"' in body for bodies in taken for body in bodies)
+    nonfinite = re.compile(r'"(NaN|Infinity|-Infinity)"')
+    for where in (r'"d":"', r'"w":"', r'"ds":\[[^\]]*"'):
+        assert any(re.search(where + r'(NaN|Infinity|-Infinity)"', body)
+                   for bodies in taken for body in bodies), where
+    assert any(nonfinite.search(body) for bodies in given_back for body in bodies)
 
 
 _SPECIAL = {0: math.nan, 1: math.inf, 2: -math.inf}
