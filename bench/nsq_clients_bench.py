@@ -9,7 +9,8 @@
 ours beside this one (its tree on ``PYTHONPATH``), e.g. the build before a change.
 
 Each round starts every broker afresh (empty data directory, ports from the
-OS), the brokers alternating, and runs three cases with NSQ v1.3.0's
+OS), the brokers in turn (the order rotated each round, so each runs first as often
+as the rounds allow), and runs three cases with NSQ v1.3.0's
 ``bench_writer`` / ``bench_reader`` (one connection per Go thread, as they do):
 
 * **PUB**: ``bench_writer --batch-size B`` for ``--runfor`` seconds on a topic
@@ -154,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     for size in (int(s) for s in args.sizes.split(",")):
         runs = Runs()
         for rnd in range(args.rounds):
-            order = brokers if rnd % 2 == 0 else brokers[::-1]
+            # (rotated: with three brokers and three rounds, each runs first once)
+            order = brokers[rnd % len(brokers):] + brokers[:rnd % len(brokers)]
             for name in order:
                 with running(name, extra, args.bin) as broker:
                     for case in cases:
