@@ -197,8 +197,8 @@ def run(broker: Broker, rate: int, seconds: float, size: int, tick: float) -> di
 def capacity(bin_dir: str, extra: list[str], size: int) -> float:
     """Ours' PUB+SUB rate with NSQ's bench clients (the lower side), on a fresh broker."""
     with running("ours", extra, bin_dir) as broker:
-        rate, _, _ = run_case(bin_dir, broker, "PUB+SUB", "cap", size=size, batch=200,
-                              runfor=5.0)
+        rate, *_ = run_case(bin_dir, broker, "PUB+SUB", "cap", size=size, batch=200,
+                            runfor=5.0)
         return rate
 
 

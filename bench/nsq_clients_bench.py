@@ -19,7 +19,10 @@ as the rounds allow), and runs three cases with NSQ v1.3.0's
   reader faster than the writer still has work for its whole run; a run that
   emptied the channel is marked ``*``: its rate is a floor);
 * **PUB+SUB**: both at once on a fresh topic, started together by
-  ``--deadline``; the lower of the two rates is the case's figure (both printed).
+  ``--deadline``; the lower of the two rates is the case's figure (both printed),
+  with the CPU each side used over the middle half of the run (the broker's
+  processes together, the writer, the reader, the machine's idle) and the
+  broker's CPU a message: where a broker spends its cores, not only how fast.
 
 It prints each run, then per case the median of the rounds and the ratio of
 each broker to the first one listed (medians of per-round ratios, since the
@@ -103,8 +106,9 @@ def _create(broker: Broker, topic: str) -> None:
 
 
 def run_case(bin_dir: str, broker: Broker, case: str, topic: str, *, size: int, batch: int,
-             runfor: float) -> tuple[float, float | None, str]:
-    """Returns (writer or reader rate, the other rate for PUB+SUB, a mark)."""
+             runfor: float) -> tuple[float, float | None, str, dict[str, float] | None]:
+    """Returns (writer or reader rate, the other rate for PUB+SUB, a mark, and for PUB+SUB
+    the cores each side used, `_cpu_during`, with the broker's CPU a message)."""
     addr = f"--nsqd-tcp-address=127.0.0.1:{broker.tcp}"
     writer = [_tool(bin_dir, "bench_writer"), addr, f"--topic={topic}", f"--size={size}",
               f"--batch-size={batch}"]
@@ -114,21 +118,49 @@ def run_case(bin_dir: str, broker: Broker, case: str, topic: str, *, size: int, 
         _create(broker, topic)
         out = subprocess.run([*writer, f"--runfor={runfor}s"], check=True, capture_output=True,
                              timeout=runfor + 60)
-        return _rate(out.stderr + out.stdout, "bench_writer"), None, ""
+        return _rate(out.stderr + out.stdout, "bench_writer"), None, "", None
     if case == "SUB":
         out = subprocess.run([*reader, f"--runfor={runfor / 2}s"], check=True, capture_output=True,
                              timeout=runfor + 60)
         emptied = _depth(broker, topic) == 0
-        return _rate(out.stderr + out.stdout, "bench_reader"), None, "*" if emptied else ""
+        return _rate(out.stderr + out.stdout, "bench_reader"), None, "*" if emptied else "", None
     # PUB+SUB: both start at the same deadline (whole seconds, as the tools parse it)
     _create(broker, topic)
-    start = (datetime.datetime.now() + datetime.timedelta(seconds=2)).strftime("%Y-%m-%d %H:%M:%S")
-    procs = [subprocess.Popen([*cmd, f"--runfor={runfor}s", f"--deadline={start}"],
+    start = (datetime.datetime.now() + datetime.timedelta(seconds=2)).replace(microsecond=0)
+    procs = [subprocess.Popen([*cmd, f"--runfor={runfor}s",
+                               f"--deadline={start.strftime('%Y-%m-%d %H:%M:%S')}"],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
              for cmd in (writer, reader)]
+    cpu = _cpu_during(broker, procs, start.timestamp(), runfor)
     outs = [p.communicate(timeout=runfor + 60)[0] for p in procs]
     w, r = _rate(outs[0], "bench_writer"), _rate(outs[1], "bench_reader")
-    return min(w, r), max(w, r), "w" if w < r else "r"
+    if cpu is not None:
+        cpu["us_a_message"] = cpu["broker"] / min(w, r) * 1e6
+    return min(w, r), max(w, r), "w" if w < r else "r", cpu
+
+
+def _cpu_during(broker: Broker, clients: list[subprocess.Popen[bytes]], begin: float,
+                runfor: float) -> dict[str, float] | None:
+    """The cores each side used over the middle of a run that starts at `begin` (epoch
+    seconds): the broker's processes together, the writer, the reader, and the machine's
+    idle; None if a process could not be read."""
+    import psutil
+
+    def busy(processes: list[psutil.Process]) -> float:
+        return sum(sum(p.cpu_times()[:2]) for p in processes)
+
+    time.sleep(max(0.0, begin + min(1.0, runfor / 4) - time.time()))
+    try:
+        mine = broker.processes()
+        sides = [mine, [psutil.Process(clients[0].pid)], [psutil.Process(clients[1].pid)]]
+        before, idle, t0 = [busy(s) for s in sides], psutil.cpu_times().idle, time.monotonic()
+        time.sleep(max(0.1, runfor / 2))
+        after, idle2, t1 = [busy(s) for s in sides], psutil.cpu_times().idle, time.monotonic()
+    except psutil.Error:
+        return None
+    cores = [(a - b) / (t1 - t0) for a, b in zip(after, before, strict=True)]
+    return {"broker": cores[0], "writer": cores[1], "reader": cores[2],
+            "idle": (idle2 - idle) / (t1 - t0)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
           f"brokers {brokers}, extra flags {extra}, runfor {args.runfor}s, batch {args.batch_size}")
     for size in (int(s) for s in args.sizes.split(",")):
         runs = Runs()
+        cpus: dict[str, list[dict[str, float]]] = {}
         for rnd in range(args.rounds):
             # (rotated: with three brokers and three rounds, each runs first once)
             order = brokers[rnd % len(brokers):] + brokers[:rnd % len(brokers)]
@@ -161,10 +194,16 @@ def main(argv: list[str] | None = None) -> int:
                 with running(name, extra, args.bin) as broker:
                     for case in cases:
                         topic = f"{'pub' if case != 'PUB+SUB' else 'pubsub'}_{size}_{rnd}"
-                        lo, hi, mark = run_case(args.bin, broker, case, topic, size=size,
-                                                batch=args.batch_size, runfor=args.runfor)
+                        lo, hi, mark, cpu = run_case(args.bin, broker, case, topic, size=size,
+                                                     batch=args.batch_size, runfor=args.runfor)
                         runs.add(case, name, lo)
                         other = f" (the other side {hi:,.0f}; {mark} is lower)" if hi else ""
+                        if cpu is not None:
+                            cpus.setdefault(name, []).append(cpu)
+                            other += (f"; CPU: broker {cpu['broker']:.2f} cores "
+                                      f"({cpu['us_a_message']:.1f} us a message), writer "
+                                      f"{cpu['writer']:.2f}, reader {cpu['reader']:.2f}, idle "
+                                      f"{cpu['idle']:.2f}")
                         print(f"  {size:>5} B round {rnd} {name:<12} {case:<8} {lo:>10,.0f} "
                               f"msgs/s{mark if case == 'SUB' else ''}{other}", flush=True)
         print(f"== {size} B: median msgs/s, and the median of per-round ratios to {brokers[0]}")
@@ -175,6 +214,12 @@ def main(argv: list[str] | None = None) -> int:
                 ratio = statistics.median(v / b for v, b in zip(by[name], base, strict=True))
                 cells.append(f"{name} {statistics.median(by[name]):,.0f} ({ratio:.2f}x)")
             print(f"  {case:<8} " + " | ".join(cells))
+        if cpus:
+            print("  PUB+SUB CPU, medians: " + " | ".join(
+                f"{name} {statistics.median(c['broker'] for c in runs_):.2f} cores, "
+                f"{statistics.median(c['us_a_message'] for c in runs_):.1f} us a message, "
+                f"idle {statistics.median(c['idle'] for c in runs_):.2f}"
+                for name, runs_ in cpus.items()))
         sys.stdout.flush()
     return 0
 
