@@ -46,6 +46,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import psutil
+
 from bench.scale_bench import Broker
 
 BIN_DEFAULT = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "nsq", "bin")
@@ -144,8 +146,6 @@ def _cpu_during(broker: Broker, clients: list[subprocess.Popen[bytes]], begin: f
     """The cores each side used over the middle of a run that starts at `begin` (epoch
     seconds): the broker's processes together, the writer, the reader, and the machine's
     idle; None if a process could not be read."""
-    import psutil
-
     def busy(processes: list[psutil.Process]) -> float:
         return sum(sum(p.cpu_times()[:2]) for p in processes)
 

@@ -1611,9 +1611,9 @@ class _ArrowPlan:
         scalars: set[str] = set()
         lists: set[str] = set()
         _float_fields(read, scalars, lists)
-        nonfinite = re.compile(rb'("(?:%b)"\s*:\s*)"(%b)"' % (
+        nonfinite = re.compile(rb'("(?:%b)"\s*:\s*)%b' % (
             b"|".join(re.escape(n.encode()) for n in sorted(scalars)),
-            b"|".join(map(re.escape, _NONFINITE_LITERALS)))) if scalars else None
+            _NONFINITE_STRING.pattern)) if scalars else None
         nonfinite_lists = re.compile(rb'("(?:%b)"\s*:\s*\[)([^\[\]]*)\]' % (
             b"|".join(re.escape(n.encode()) for n in sorted(lists)))) if lists else None
         return cls(body, True, staged, written, tuple(temporal), decimals, floats, nonfinite,
@@ -1665,18 +1665,23 @@ _NONFINITE_LITERALS = {b"NaN": b"NaN", b"Infinity": b"Infinity", b"+Infinity": b
 writes NaN, Infinity and -Infinity), and the literals Arrow's reader reads as them."""
 
 
+_NONFINITE_STRING = re.compile(rb'"(%b)"' % b"|".join(map(re.escape, _NONFINITE_LITERALS)))
+"""One of them, as a JSON string (the group: its text)."""
+
+
 def _literal(match: re.Match[bytes]) -> bytes:
     """A key and its float's NaN or infinity as a string, with the value as a literal."""
     return match[1] + _NONFINITE_LITERALS[match[2]]
 
 
-_NONFINITE_STRING = re.compile(rb'"(%b)"' % b"|".join(map(re.escape, _NONFINITE_LITERALS)))
-
-
 def _literals_within(match: re.Match[bytes]) -> bytes:
     """A key and its list of floats, with the NaNs and infinities in it as literals."""
-    return match[1] + _NONFINITE_STRING.sub(lambda m: _NONFINITE_LITERALS[m[1]], match[2]) \
-        + b"]"
+    return match[1] + _NONFINITE_STRING.sub(_bare, match[2]) + b"]"
+
+
+def _bare(match: re.Match[bytes]) -> bytes:
+    """A NaN or infinity as a JSON string, as the literal Arrow's reader reads."""
+    return _NONFINITE_LITERALS[match[1]]
 
 
 def _float_fields(fields: Iterable[tuple[str, pa.DataType]], scalars: set[str],
