@@ -44,7 +44,6 @@ import itertools
 import operator
 import random
 from dataclasses import dataclass, field
-from itertools import repeat
 from typing import Any
 
 from actors.broker.e2e import LatencyWindow
@@ -379,23 +378,30 @@ class ChannelState:
 
     def finish(self, client: str, msg_ids: list[bytes]) -> list[BrokerError]:
         """FIN: returns one non-fatal E_FIN_FAILED per id that was not in flight for `client`."""
-        removed, failed = self.in_flight.remove_owned(msg_ids, client, CLIENT)
-        if self.e2e is not None and removed:
-            self.e2e.add_encoded([item[ENCODED] for item in removed])
-        # _release, inlined (every FINed message): disk positions acked, delayed ids removed
-        acks = self.effects.disk_ack
-        for item in removed:
-            handle = item[HANDLE]
-            if handle is None:
-                continue
-            if handle == DELAYED:
-                self.effects.delayed_remove.append(item[ENCODED][10:26])
-            else:
-                acks.append(handle)
+        msgs, handles, failed = self.in_flight.remove_owned(msg_ids, client)
+        if self.e2e is not None and msgs:
+            self.e2e.add_encoded(msgs)
+        # _release, inlined (every FINed message): disk positions acked, delayed ids
+        # removed; a run read from disk has only positions, taken as they are (in C)
+        try:  # (min of None and ints, or of Nones, is refused)
+            positions_only = not handles or min(handles) > DELAYED
+        except TypeError:
+            positions_only = False
+        if positions_only:
+            self.effects.disk_ack += handles
+        else:
+            acks = self.effects.disk_ack
+            for encoded, handle in zip(msgs, handles, strict=True):
+                if handle is None:
+                    continue
+                if handle == DELAYED:
+                    self.effects.delayed_remove.append(encoded[10:26])
+                else:
+                    acks.append(handle)
         state = self.clients.get(client)
         if state is not None:
-            state.in_flight -= len(removed)
-            state.finished += len(removed)
+            state.in_flight -= len(msgs)
+            state.finished += len(msgs)
         return [fin_failed(msg_id) for msg_id in failed]
 
     def requeue(self, client: str, msg_id: bytes, delay_ns: int, now: int) -> None:
@@ -492,14 +498,14 @@ class ChannelState:
         """Up to ``limit`` messages (at most what `client` has room for), as one run."""
         handles, msgs = self.ready.take(min(limit, client.rdy - client.in_flight))
         name = client.name
-        # in-flight items (encoded, handle, client) are made by zip, in C
+        # (the run keeps msgs: the delivery gets a copy, since it may grow)
         self.in_flight.push_run(list(map(_ID_OF, msgs)), now + client.msg_timeout_ns,
-                                zip(msgs, handles, repeat(name), strict=False))
+                                name, msgs, handles)
         client.in_flight += len(msgs)
         client.delivered += len(msgs)
         out = self.effects.deliveries.get(name)
         if out is None:
-            self.effects.deliveries[name] = msgs
+            self.effects.deliveries[name] = msgs[:]
         else:
             out += msgs
 
@@ -536,10 +542,10 @@ class ChannelState:
         for name, (client, msgs, handles) in got.items():
             client.delivered += len(msgs)
             self.in_flight.push_run(list(map(_ID_OF, msgs)), now + client.msg_timeout_ns,
-                                    zip(msgs, handles, repeat(name), strict=False))
+                                    name, msgs, handles)
             out = deliveries.get(name)
             if out is None:
-                deliveries[name] = msgs
+                deliveries[name] = msgs[:]
             else:
                 out += msgs
 

@@ -51,6 +51,23 @@ keys leave: a run never holds on to much more than its live members.  A popped r
 members in order; ties between runs and single entries of equal priority
 still go by sequence, i.e. insertion order.
 
+*Runs kept as lists.*  That dict form still costs two dict inserts a
+message at the push and two deletes at the FIN, a third of a channel's
+work when a consumer keeps up.  So the in-flight queue keeps a run as it
+was delivered: ``[deadline, sequence, LIST, None, 0, ids, messages,
+handles, owner, lo]``, three lists it owns and the position ``lo`` of its
+first live member, and it lists each owner's runs in delivery order.  A
+consumer FINs what it got in the order it got it, so a FIN's ids are
+mostly the next members of one of its owner's oldest runs: such a stretch
+is checked by comparing a slice of the FIN with a slice of the run's ids,
+taken by slicing, and ``lo`` moves past it (the lists are cut once more
+than half is gone).  Pushing a run does nothing per message, nor does
+finishing it in order.  Anything else (an id out of that order, one of
+another owner, ``get``, ``remove``, ``update``, ``in``, a sweep that finds
+a deadline due) first turns every run kept as lists into the dict form and
+indexes it, which is what the push would have cost; each run is turned at
+most once, and later runs are kept as lists again.
+
 Pops return the earliest entries first: ``pop_expired(now)`` returns every
 entry whose priority is ``<= now`` (nsq's ``PeekAndShift`` loop), optionally
 at most ``limit`` of them.  Not thread-safe: a queue has one owner (an actor).
@@ -60,6 +77,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import operator
 from collections import deque
 from collections.abc import Hashable, Iterable, Iterator
 from itertools import repeat
@@ -75,6 +93,12 @@ _PRIORITY, _SEQ, _KEY, _ITEM = 0, 1, 2, 3
 _SIZE = 4  # a run's member count when its members dict was built
 _COMPACT_MIN = 64  # heaps (and runs) smaller than this are never rebuilt
 _MISSING: Any = object()
+# An in-flight run kept as lists (see "Runs kept as lists"): [deadline, seq, _LIST,
+# None, 0, ids, messages, handles, owner, lo], its live members those from `lo` on.
+_LIST: Any = object()
+_IDS, _MSGS, _HANDLES, _RUN_OWNER, _LO = 5, 6, 7, 8, 9
+_HELD_BY = 2  # where an in-flight item (message, handle, owner) names its owner
+_MESSAGE_OF, _HANDLE_OF = operator.itemgetter(0), operator.itemgetter(1)
 
 
 class DuplicateIdError(ValueError):
@@ -252,33 +276,95 @@ def _member_gone(run: list[Any]) -> None:
 class InFlightQueue(KeyedHeap[T]):
     """Delivered messages by message id, ordered by their timeout deadline (int ns).
 
-    Items are tuples whose element ``owner_at`` names the client holding the
-    message; the two batch methods serve a channel's hot path (a run delivered
-    to one client, a FIN of many ids) with one call instead of one per message.
+    Items are tuples ``(message, handle, owner)``, ``owner`` naming the client that
+    holds the message.  The two batch methods serve a channel's hot path with one call
+    instead of one per message: :meth:`push_run` (a run delivered to one client) and
+    :meth:`remove_owned` (a FIN of many ids); see "Runs kept as lists" above.
     """
 
-    __slots__ = ()
+    __slots__ = ("_lazy", "_lazy_count")
 
-    def push_run(self, msg_ids: list[Any], deadline: float, items: Iterable[T]) -> None:
-        """``push`` of ids not in flight that share one deadline and one owner (the
-        items' owner element, as :meth:`remove_owned` reads it), as one run (see "Runs")."""
-        members = dict(zip(msg_ids, items, strict=True))
-        if members:
-            run = [deadline, next(self._seq), _RUN, members, len(members)]
-            self._index.update(zip(msg_ids, repeat(run)))
+    def __init__(self) -> None:
+        super().__init__()
+        self._lazy: dict[Any, deque[list[Any]]] = {}  # owner -> its list runs, in order
+        self._lazy_count = 0  # live members of list runs (not in the index)
+
+    def push_run(self, msg_ids: list[Any], deadline: float, owner: Any,
+                 msgs: list[Any], handles: list[Any]) -> None:
+        """``push`` of ids not in flight, delivered together to `owner` with one deadline,
+        as one run whose items are ``(msgs[i], handles[i], owner)``.  The run keeps the
+        three lists (it owns them from now on); nothing is done per message."""
+        if msg_ids:
+            run = [deadline, next(self._seq), _LIST, None, 0, msg_ids, msgs, handles, owner, 0]
+            runs = self._lazy.get(owner)
+            if runs is None:
+                self._lazy[owner] = deque((run,))
+            else:
+                runs.append(run)
+            self._lazy_count += len(msg_ids)
             heapq.heappush(self._heap, run)
 
-    def remove_owned(self, msg_ids: list[Any], owner: Any, owner_at: int
-                     ) -> tuple[list[T], list[Any]]:
-        """Remove the ids held by ``owner``: ``(their items, the ids that were not)``.
+    def remove_owned(self, msg_ids: list[Any], owner: Any
+                     ) -> tuple[list[Any], list[Any], list[Any]]:
+        """Remove the ids held by ``owner``: ``(their messages, their handles, the ids
+        that were not held by it)``, in the order named.
 
-        A FIN names the messages of a delivery in the order they came, so the ids
-        mostly form stretches of one run each; a stretch is taken in C (its members
-        popped by ``map``), its owner checked once, since a run's members share theirs.
-        An id outside a run of `owner`'s, or named twice, is handled on its own."""
-        index = self._index
-        removed: list[T] = []
+        A FIN names the messages of a delivery in the order they came, so the ids mostly
+        form stretches of a run's next members: such a stretch is checked by comparing
+        list slices and taken by slicing, in C.  Any other id first turns every run into
+        its dict form and is then looked up by the index."""
+        msgs: list[Any] = []
+        handles: list[Any] = []
+        n = len(msg_ids)
+        at = 0
+        runs = self._lazy.get(owner)
+        while runs and at < n:
+            msg_id = msg_ids[at]
+            for run in itertools.islice(runs, 4):  # (the oldest, most likely)
+                if run[_IDS][run[_LO]] == msg_id:
+                    break
+            else:
+                break
+            ids, lo = run[_IDS], run[_LO]
+            k = min(n - at, len(ids) - lo)
+            if at == 0 and lo == 0 and k == n == len(ids):
+                same = msg_ids == ids
+            else:
+                same = msg_ids[at : at + k] == ids[lo : lo + k]
+            if not same:  # where the stretch ends (its first id matched)
+                k = list(map(operator.eq, msg_ids[at : at + k], ids[lo : lo + k])).index(False)
+            end = lo + k
+            msgs += run[_MSGS][lo:end]
+            handles += run[_HANDLES][lo:end]
+            at += k
+            self._lazy_count -= k
+            if end == len(ids):
+                run[_KEY] = _DEAD
+                del run[_IDS:]
+                if runs[0] is run:
+                    runs.popleft()
+                else:
+                    runs.remove(run)
+            elif end > _COMPACT_MIN and 2 * end > len(ids):  # let go of what was taken
+                del run[_IDS][:end], run[_MSGS][:end], run[_HANDLES][:end]
+                run[_LO] = 0
+            else:
+                run[_LO] = end
+        if runs is not None and not runs:
+            del self._lazy[owner]
         failed: list[Any] = []
+        if at < n:
+            self._by_index(msg_ids[at:] if at else msg_ids, owner, msgs, handles, failed)
+        heap = self._heap
+        if len(heap) > _COMPACT_MIN and len(heap) > 2 * (len(self._index) + self._lazy_count):
+            self._compact()
+        return msgs, handles, failed
+
+    def _by_index(self, msg_ids: list[Any], owner: Any, msgs: list[Any],
+                  handles: list[Any], failed: list[Any]) -> None:
+        """`remove_owned` of ids looked up in the index, every run in its dict form."""
+        self._to_dicts()
+        index = self._index
         n = len(msg_ids)
         at = 0
         while at < n:
@@ -289,10 +375,12 @@ class InFlightQueue(KeyedHeap[T]):
                 at += 1
                 continue
             if entry[_KEY] is not _RUN:
-                if entry[_ITEM][owner_at] != owner:
+                item = entry[_ITEM]
+                if item[_HELD_BY] != owner:
                     failed.append(msg_id)
                 else:
-                    removed.append(entry[_ITEM])
+                    msgs.append(item[0])
+                    handles.append(item[1])
                     entry[_KEY] = _DEAD
                     entry[_ITEM] = None
                     del index[msg_id]
@@ -300,22 +388,13 @@ class InFlightQueue(KeyedHeap[T]):
                 continue
             members = entry[_ITEM]
             item = members[msg_id]
-            if item[owner_at] != owner:
+            if item[_HELD_BY] != owner:
                 failed.append(msg_id)
                 at += 1
                 continue
-            end = at + 1
-            if end == n or msg_ids[end] not in members:  # on its own
-                del members[msg_id]
-                del index[msg_id]
-                removed.append(item)
-                if not len(members) & 63:
-                    _member_gone(entry)
-                at = end
-                continue
             # the stretch from `at` whose ids are members of this run, looked at in
             # chunks that double (so a short stretch costs a short look)
-            end, step = end + 1, 16
+            end, step = at + 1, 16
             while end < n:
                 inside = list(map(members.__contains__, msg_ids[end : end + step]))
                 if not all(inside):
@@ -323,21 +402,91 @@ class InFlightQueue(KeyedHeap[T]):
                     break
                 end += len(inside)
                 step *= 2
-            ids = msg_ids[at:end] if at or end < n else msg_ids
+            ids = msg_ids[at:end]
             at = end
             before = len(members)
             items = list(map(members.pop, ids, repeat(None)))
             deque(map(index.pop, ids, repeat(None)), maxlen=0)
-            if before - len(members) == len(ids):
-                removed += items
-            else:  # an id named twice: the first took it, the rest fail
-                removed += [item for item in items if item is not None]
+            if before - len(members) != len(ids):  # an id named twice: the first took it
                 failed += [i for i, item in zip(ids, items, strict=True) if item is None]
+                items = [item for item in items if item is not None]
+            msgs += map(_MESSAGE_OF, items)
+            handles += map(_HANDLE_OF, items)
             _member_gone(entry)
-        heap = self._heap
-        if len(heap) > _COMPACT_MIN and len(heap) > 2 * len(index):
-            self._compact()
-        return removed, failed
+
+    def _to_dicts(self) -> None:
+        """Every run kept as lists becomes a run of the dict form, in the index (each run
+        at most once: its cost is what indexing it at its push would have been)."""
+        if not self._lazy_count:
+            return
+        index = self._index
+        for runs in self._lazy.values():
+            for run in runs:
+                lo, owner = run[_LO], run[_RUN_OWNER]
+                ids = run[_IDS][lo:]
+                items = zip(run[_MSGS][lo:], run[_HANDLES][lo:], repeat(owner), strict=False)
+                members = dict(zip(ids, items, strict=True))
+                del run[_IDS:]
+                run[_KEY], run[_ITEM], run[_SIZE] = _RUN, members, len(members)
+                index.update(zip(ids, repeat(run)))
+        self._lazy.clear()
+        self._lazy_count = 0
+
+    # -- what needs every id in the index ------------------------------------------
+
+    def push(self, msg_id: Hashable, priority: float, item: T) -> None:
+        self._to_dicts()
+        super().push(msg_id, priority, item)
+
+    def remove(self, msg_id: Hashable) -> T:
+        self._to_dicts()
+        return super().remove(msg_id)
+
+    def update(self, msg_id: Hashable, priority: float, item: T = _MISSING) -> None:
+        self._to_dicts()
+        super().update(msg_id, priority, item)
+
+    def pop_until(self, now: float, limit: int | None = None) -> list[tuple[Any, T]]:
+        if self._lazy_count:
+            due = self.peek()
+            if due is None or due > now:  # (a sweep that finds nothing due changes nothing)
+                return []
+            self._to_dicts()
+        return super().pop_until(now, limit)
+
+    def drain(self) -> list[tuple[Any, T]]:
+        self._to_dicts()
+        return super().drain()
+
+    def clear(self) -> None:
+        super().clear()
+        self._lazy.clear()
+        self._lazy_count = 0
+
+    def get(self, msg_id: Hashable, default: Any = None) -> T | Any:
+        self._to_dicts()
+        return super().get(msg_id, default)
+
+    def priority_of(self, msg_id: Hashable) -> float:
+        self._to_dicts()
+        return super().priority_of(msg_id)
+
+    def items(self) -> list[tuple[Any, float, T]]:
+        self._to_dicts()
+        return super().items()
+
+    def __len__(self) -> int:
+        return len(self._index) + self._lazy_count
+
+    def __contains__(self, key: object) -> bool:
+        self._to_dicts()
+        return key in self._index
+
+    def __iter__(self) -> Iterator[Any]:
+        self._to_dicts()
+        return super().__iter__()
+
+    # -- nsqd's names ---------------------------------------------------------------
 
     def pop_expired(self, now: float, limit: int | None = None) -> list[tuple[Any, T]]:
         """Pop the messages whose deadline is ``<= now``, earliest first (timeouts to requeue)."""

@@ -309,25 +309,41 @@ def test_long_random_sequence_matches_a_simple_model() -> None:
 
 
 def test_push_run_and_remove_owned_serve_a_channels_batches():
-    from actors.broker.pqueue import InFlightQueue
-
     q: InFlightQueue = InFlightQueue()
-    q.push_run([b"a"], 30, [("ma", "c1")])
-    q.push_run([b"b", b"c"], 10, [("mb", "c2"), ("mc", "c1")])
-    q.push_run([b"c2"], 20, [("mc2", "c1")])
+    q.push_run([b"a"], 30, "c1", ["ma"], [1])
+    q.push_run([b"b", b"c"], 10, "c2", ["mb", "mc"], [2, None])
+    q.push_run([b"c2"], 20, "c1", ["mc2"], [-1])
     assert len(q) == 4
-    removed, failed = q.remove_owned([b"a", b"b", b"zz"], "c1", 1)
-    assert removed == [("ma", "c1")]
-    assert failed == [b"b", b"zz"]
-    assert [k for k, _ in q.pop_expired(100)] == [b"b", b"c", b"c2"]
+    assert q.remove_owned([b"a", b"b", b"zz"], "c1") == (["ma"], [1], [b"b", b"zz"])
+    assert q.remove_owned([b"b", b"c"], "c2") == (["mb", "mc"], [2, None], [])
+    assert q.pop_expired(100) == [(b"c2", ("mc2", -1, "c1"))]
+
+
+def test_a_fin_in_delivery_order_and_one_out_of_it_take_the_same_messages() -> None:
+    # Given two runs to one client, FINed as they came (across both runs), then one id
+    # out of order (which turns the runs into their dict form) and one named twice
+    q: InFlightQueue = InFlightQueue()
+    q.push_run([1, 2, 3], 10, "c", ["m1", "m2", "m3"], [11, 12, 13])
+    q.push_run([4, 5, 6], 20, "c", ["m4", "m5", "m6"], [14, 15, 16])
+    assert q.remove_owned([1, 2, 3, 4], "c") == (["m1", "m2", "m3", "m4"], [11, 12, 13, 14], [])
+    assert q.remove_owned([6, 6, 1], "c") == (["m6"], [16], [6, 1])
+    # Then what is left is still in flight, under its run's deadline
+    assert len(q) == 1
+    assert 5 in q
+    assert q.deadline_of(5) == 20
+    assert q.pop_expired(19) == []
+    assert q.pop_expired(20) == [(5, ("m5", 15, "c"))]
 
 
 def test_runs_mixed_with_single_entries_match_a_simple_model() -> None:
-    # Given a long random mix of runs (one deadline for many ids), single pushes, FINs of
-    # many ids (remove_owned), removes, TOUCHes (update) and sweeps with and without a limit
+    # Given a long random mix of runs (one deadline and one owner for many ids), single
+    # pushes, FINs of many ids (remove_owned) as clients make them (their oldest in
+    # delivery order), as stretches and at random, lookups (which turn every run into
+    # its dict form), removes, TOUCHes (update) and sweeps with and without a limit
     rng = random.Random(99)
-    q: InFlightQueue[tuple[int, str]] = InFlightQueue()
+    q: InFlightQueue[tuple[str, int, str]] = InFlightQueue()
     model: dict[int, tuple[int, int, str]] = {}  # id -> (deadline, order, owner)
+    delivered: dict[str, list[int]] = {"a": [], "b": []}  # each owner's ids in order
     order = 0
     now = 0
     next_id = 0
@@ -338,28 +354,35 @@ def test_runs_mixed_with_single_entries_match_a_simple_model() -> None:
             ids = list(range(next_id, next_id + rng.randrange(1, 300)))
             next_id = ids[-1] + 1
             d = now + rng.randrange(100)
-            q.push_run(ids, d, [(i, owner) for i in ids])
+            q.push_run(ids, d, owner, [f"m{i}" for i in ids], [i if i % 7 else None for i in ids])
+            delivered[owner] += ids
             for i in ids:
                 order += 1
                 model[i] = (d, order, owner)
-        elif op < 0.25:
+        elif op < 0.2:
             order += 1
             d = now + rng.randrange(100)
-            q.push(next_id, d, (next_id, "a"))
+            q.push(next_id, d, (f"m{next_id}", next_id if next_id % 7 else None, "a"))
+            delivered["a"].append(next_id)
             model[next_id] = (d, order, "a")
             next_id += 1
         elif op < 0.55 and model:
             owner = rng.choice("ab")
-            keys = sorted(model)
-            if rng.random() < 0.5:  # as a consumer FINs: a stretch, in delivery order
+            kind = rng.random()
+            if kind < 0.5:  # as a consumer FINs: its oldest, in delivery order
+                mine = [i for i in delivered[owner] if i in model]
+                skip = rng.choice([0, 0, 0, 1, 5])
+                ids = mine[skip : skip + rng.randrange(1, 700)]
+            elif kind < 0.75:  # a stretch of ids, any owner's
+                keys = sorted(model)
                 start = rng.randrange(len(keys))
                 ids = keys[start : start + rng.randrange(1, 400)]
             else:
-                ids = rng.sample(keys, min(len(model), rng.randrange(1, 400)))
-            if rng.random() < 0.2:  # an id named twice, and one never in flight
+                ids = rng.sample(sorted(model), min(len(model), rng.randrange(1, 400)))
+            if ids and rng.random() < 0.2:  # an id named twice, and one never in flight
                 ids.insert(rng.randrange(len(ids) + 1), rng.choice(ids))
                 ids.insert(rng.randrange(len(ids) + 1), -1)
-            removed, failed = q.remove_owned(ids, owner, 1)
+            msgs, handles, failed = q.remove_owned(ids, owner)
             mine, others, gone = [], [], set()
             for i in ids:
                 if i in model and model[i][2] == owner and i not in gone:
@@ -367,13 +390,18 @@ def test_runs_mixed_with_single_entries_match_a_simple_model() -> None:
                     gone.add(i)
                 else:
                     others.append(i)
-            assert [i for i, _ in removed] == mine
+            assert msgs == [f"m{i}" for i in mine]
+            assert handles == [i if i % 7 else None for i in mine]
             assert failed == others
             for i in mine:
                 del model[i]
-        elif op < 0.65 and model:
+        elif op < 0.6 and model:
             i = rng.choice(sorted(model))
-            assert q.remove(i) == (i, model.pop(i)[2])
+            assert q.get(i) == (f"m{i}", i if i % 7 else None, model[i][2])
+            assert q.deadline_of(i) == model[i][0]
+        elif op < 0.7 and model:
+            i = rng.choice(sorted(model))
+            assert q.remove(i) == (f"m{i}", i if i % 7 else None, model.pop(i)[2])
         elif op < 0.8 and model:
             i = rng.choice(sorted(model))
             order += 1
@@ -397,16 +425,25 @@ def test_runs_mixed_with_single_entries_match_a_simple_model() -> None:
     assert [k for k, _ in q.drain()] == [k for _, _, k in rest]
 
 
-def test_a_run_mostly_finished_lets_go_of_what_its_members_held() -> None:
-    # Given a run of 2,000 messages of which a client FINs all but one, as they come
-    q: InFlightQueue[tuple[int, str]] = InFlightQueue()
+@pytest.mark.parametrize("form", ["lists", "dict"])
+def test_a_run_mostly_finished_lets_go_of_what_its_members_held(form: str) -> None:
+    # Given a run of 2,000 messages of which a client FINs all but one, as they come;
+    # kept as lists, or in its dict form (a lookup turns every run into it)
+    q: InFlightQueue[tuple[str, int, str]] = InFlightQueue()
     ids = list(range(2000))
-    q.push_run(ids, 10, [(i, "c") for i in ids])
-    full = sys.getsizeof(q._heap[0][3])
+    q.push_run(list(ids), 10, "c", [f"m{i}" for i in ids], list(ids))
+    if form == "dict":
+        assert q.get(0) == ("m0", 0, "c")
+
+    def held() -> int:
+        run = q._heap[0]
+        return sum(map(sys.getsizeof, run[3:] if form == "dict" else run[5:8]))
+
+    full = held()
     for k in range(0, 1999, 50):
-        q.remove_owned(ids[k:min(k + 50, 1999)], "c", 1)
-    # Then the run's members take little room (a dict keeps its table as keys leave:
-    # rebuilt), and the one left times out as before
-    assert sys.getsizeof(q._heap[0][3]) * 16 < full
-    assert q.pop_expired(10) == [(1999, (1999, "c"))]
+        q.remove_owned(ids[k:min(k + 50, 1999)], "c")
+    # Then the run takes little room (a dict keeps its table as keys leave, a list its
+    # room: rebuilt, or cut), and the one left times out as before
+    assert held() * 16 < full
+    assert q.pop_expired(10) == [(1999, ("m1999", 1999, "c"))]
     assert len(q) == 0
