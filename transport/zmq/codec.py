@@ -127,6 +127,9 @@ MAX_CORR_SIZE = 256
 """Longest correlation frame, marker included."""
 _SIZE = struct.Struct(">I")
 _HEAD = struct.Struct(">qH")  # a message's timestamp and attempts (1.6)
+_IDS_BY_POWER: dict[int, struct.Struct] = {}
+"""By k = 0..12: the struct that reads 2**k message ids (`_split_ids`; made when first
+needed, since the largest takes a quarter of a millisecond)."""
 
 _DEFAULT_LIMITS = Limits()
 _DEFAULT_SERVER = ServerInfo()
@@ -366,8 +369,26 @@ def _fin(args: Sequence[bytes], _limits: Limits, _server: ServerInfo) -> Command
             raise invalid(f"FIN {len(frame)} bytes of message ids is not a multiple of "
                           f"{MSG_ID_LENGTH}")
         else:
-            ids += [frame[i:i + MSG_ID_LENGTH] for i in range(0, len(frame), MSG_ID_LENGTH)]
+            ids += _split_ids(frame)
     return Fin(tuple(ids))
+
+
+def _split_ids(frame: bytes) -> list[bytes]:
+    """The message ids one after the other in `frame` (a multiple of their length), read
+    by at most 13 cached structs, one per bit of their number: in C, where a slice each
+    cost ~7 times as much."""
+    n = len(frame) // MSG_ID_LENGTH
+    ids: list[bytes] = []
+    at = 0
+    for k in range(min(n.bit_length(), 13) - 1, -1, -1):
+        reader = _IDS_BY_POWER.get(k)
+        if reader is None:
+            reader = _IDS_BY_POWER[k] = struct.Struct(f"{MSG_ID_LENGTH}s" * (1 << k))
+        while n >= 1 << k:
+            ids += reader.unpack_from(frame, at)
+            at += reader.size
+            n -= 1 << k
+    return ids
 
 
 def _req(args: Sequence[bytes], limits: Limits, _server: ServerInfo) -> Command:

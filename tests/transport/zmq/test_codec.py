@@ -349,6 +349,13 @@ def test_fin_takes_many_ids_in_one_frame() -> None:
     assert parse([b"FIN", other, MSG_ID + other]).command == Fin((other, MSG_ID, other))
 
 
+@pytest.mark.parametrize("n", [2, 3, 5000, 4096, 4097, 8192 + 4095, 20_001])
+def test_a_fin_frame_of_any_number_of_ids_gives_each_in_order(n: int) -> None:
+    # (read by structs of 2**k ids, one per bit of n, the largest used again past 4096)
+    ids = [i.to_bytes(16, "big") for i in range(n)]
+    assert parse([b"FIN", b"".join(ids)]).command == Fin(tuple(ids))
+
+
 def test_a_fin_frame_shorter_than_an_id_gets_nsqds_invalid_message_id() -> None:
     error = error_of([b"FIN", MSG_ID * 2, b"0a1b"])
     assert (error.code, error.text) == ("E_INVALID", 'FIN Invalid Message ID "0a1b"')
