@@ -392,9 +392,19 @@ class InFlightQueue(KeyedHeap[T]):
                 failed.append(msg_id)
                 at += 1
                 continue
+            end = at + 1
+            if end == n or msg_ids[end] not in members:  # on its own
+                del members[msg_id]
+                del index[msg_id]
+                msgs.append(item[0])
+                handles.append(item[1])
+                if not len(members) & 63:
+                    _member_gone(entry)
+                at = end
+                continue
             # the stretch from `at` whose ids are members of this run, looked at in
             # chunks that double (so a short stretch costs a short look)
-            end, step = at + 1, 16
+            end, step = end + 1, 16
             while end < n:
                 inside = list(map(members.__contains__, msg_ids[end : end + step]))
                 if not all(inside):
