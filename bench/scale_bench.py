@@ -95,18 +95,32 @@ class Broker:
                 *self.extra]
 
     def start(self, timeout: float = 60.0) -> float:
-        """Start and wait for /ping; returns the seconds it took."""
+        """Start and wait for /ping; returns the seconds it took.  A broker that exits
+        because one of its ports was taken meanwhile (`free_port` only finds a port that
+        was free: a client's ephemeral port may take it before the broker binds it)
+        is started again on new ports, up to three times; any other exit is an error
+        that quotes the end of its stderr."""
         os.makedirs(self.data, exist_ok=True)
         started = time.monotonic()
         env = None if self.tree is None else {**os.environ, "PYTHONPATH": self.tree}
-        # (the child inherits the raised fd limit)
-        self.proc = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, env=env,
-                                     cwd=self.tree, stderr=subprocess.DEVNULL)
-        while time.monotonic() - started < timeout:
-            with contextlib.suppress(OSError, http.client.HTTPException):
-                if self.get("/ping").startswith(b"OK"):
-                    return time.monotonic() - started
-            time.sleep(0.05)
+        for attempt in range(3):
+            # (the child inherits the raised fd limit)
+            with open(os.path.join(self.data, "stderr.log"), "wb") as err:
+                self.proc = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL,
+                                             env=env, cwd=self.tree, stderr=err)
+            while time.monotonic() - started < timeout and self.proc.poll() is None:
+                with contextlib.suppress(OSError, http.client.HTTPException):
+                    if self.get("/ping").startswith(b"OK"):
+                        return time.monotonic() - started
+                time.sleep(0.05)
+            if self.proc.poll() is None:
+                break
+            with open(os.path.join(self.data, "stderr.log"), "rb") as err:
+                tail = err.read()[-2000:].decode(errors="replace")
+            if "in use" not in tail or attempt == 2:
+                msg = f"{self.kind} exited with {self.proc.returncode} while starting: {tail}"
+                raise RuntimeError(msg)
+            self.tcp, self.http, self.zmq = free_port(), free_port(), free_port()
         msg = f"{self.kind} did not answer /ping within {timeout}s"
         raise RuntimeError(msg)
 
