@@ -37,11 +37,13 @@ keeps every sift inside ``heapq``'s C code.
 
 *Runs.*  A channel delivers a run of messages to one client with one
 deadline; :meth:`InFlightQueue.push_run` gives such a run a single heap
-entry ``[priority, sequence, RUN, members, size]`` whose *members* are a
-dict ``key -> item`` of its live messages, in order; the index maps each
-member's key to the run itself.  Pushing a run is one ``heappush``, a
-dict build and a dict update in C, not a heap entry or a Python object per
-message; removing a member deletes it from both dicts.  A run's members
+entry.  In its *dict form* it is ``[priority, sequence, RUN, members,
+size]``, whose *members* are a dict ``key -> item`` of its live messages,
+in order; the index maps each member's key to the run itself.  Building
+that form is a dict build and a dict update in C, not a heap entry or a
+Python object per message; removing a member deletes it from both dicts.
+(A run is pushed in the cheaper form of "Runs kept as lists" below, and
+turned into this one when it has to be.)  A run's members
 share their owner (what one client got in one delivery pass), so a FIN of
 a stretch of one run checks the owner once and pops the stretch in C.  A
 run whose members are all gone becomes a tombstone itself, and one mostly
