@@ -1,0 +1,115 @@
+"""Where a ZeroMQ-consumed row's CPU goes: per process, in microseconds a row.
+
+    python -m bench.consume_cpu [--rows 300000] [--size 100] [--rounds 2]
+                                [--batch-size 50000] [--trees A,B]
+
+Starts a broker in this process tree (a temporary data dir, ports chosen by the
+OS), publishes ``--rows`` JSON bodies of about ``--size`` bytes to a fresh topic
+(MPUBs of 2,000, as ``publish(df)`` sends them), then reads them back as
+``drain_to_parquet``'s reader does, without Spark: a ``Consumer`` with FIN held
+back, two batches in flight over one session per 2,500 of them, each batch
+FINed as a whole. It prints rows/s and the CPU each process spent a row: the
+broker's gateway and workers, and this process (the consumer). Messages
+published before the channel exists wait in the topic's disk queue, so the
+read is of a backlog, as a drain's is.
+
+With ``--trees``, each round runs every listed checkout in turn (its path first
+on ``sys.path``, in a fresh interpreter), so two builds alternate in one
+sitting; ``now`` stands for this checkout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import psutil
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=300_000)
+    ap.add_argument("--size", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=50_000)
+    ap.add_argument("--trees", default="", help="checkouts to alternate, e.g. /work/prev,now")
+    a = ap.parse_args()
+    print(f"consume_cpu: {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M')}, "
+          f"{a.rows} rows of ~{a.size} B, batches of {a.batch_size}; load {os.getloadavg()}")
+    if not a.trees:
+        for r in range(a.rounds):
+            print(f"round {r}: {_run(a.rows, a.size, a.batch_size)}", flush=True)
+        return
+    for r in range(a.rounds):
+        for tree in a.trees.split(","):
+            path = HERE if tree == "now" else os.path.abspath(tree)
+            # (this script, with the other checkout's packages first on the path)
+            out = subprocess.run(
+                [sys.executable, os.path.abspath(__file__), f"--rows={a.rows}",
+                 f"--size={a.size}", f"--batch-size={a.batch_size}", "--rounds=1"],
+                cwd=path, env={**os.environ, "PYTHONPATH": path}, capture_output=True,
+                text=True, timeout=600, check=True).stdout.splitlines()[-1]
+            print(f"round {r} {tree}: {out.partition(': ')[2]}", flush=True)
+
+
+def _run(rows: int, size: int, batch_size: int) -> str:
+    from actors.broker import Broker
+    from actors.broker.options import BrokerOptions, run_dir_for
+    from actors.runtime import ControlClient
+    from transport.client import Consumer, Message, Producer
+    from transport.spark import to_json
+
+    tmp = tempfile.mkdtemp(prefix="consumecpu", dir="/tmp")
+    data = os.path.join(tmp, "data")
+    opts = BrokerOptions(data_path=data, http_address="127.0.0.1:0",
+                         tcp_address="127.0.0.1:0", zmq_address="tcp://127.0.0.1:0",
+                         log_level="warn")
+    pad = max(0, size - len(to_json({"id": rows, "payload": ""})))
+    bodies = [to_json({"id": i, "payload": "x" * pad}) for i in range(rows)]
+    with Broker(opts) as broker:
+        with contextlib.closing(ControlClient(run_dir_for(data), timeout=5)) as control:
+            names = {p["pid"]: p["name"] for p in control.call("ps")
+                     if p["pid"] and p["name"] != "supervisor"}
+        procs = {name: psutil.Process(pid) for pid, name in names.items()}
+        procs["consumer"] = psutil.Process()
+        with Producer(broker.zmq_endpoint) as producer:
+            for i in range(0, rows, 16_000):
+                producer.publish_batch("consume", bodies[i:i + 16_000], 2000)
+        got: queue.SimpleQueue[list[Message]] = queue.SimpleQueue()
+        consumer = Consumer("consume", "c", got.put, broker.zmq_endpoint,
+                            max_in_flight=2 * batch_size, auto_finish=False, batches=True,
+                            msg_timeout_ms=120_000,
+                            connections_per_broker=-(-2 * batch_size // 2500))
+        before = {k: sum(p.cpu_times()[:2]) for k, p in procs.items()}
+        t = time.perf_counter()
+        consumer.start()
+        try:
+            done, batch = 0, []
+            while done < rows:
+                batch += got.get(timeout=30)
+                if len(batch) >= min(batch_size, rows - done):
+                    for m in batch:
+                        m.finish()
+                    done += len(batch)
+                    batch = []
+            elapsed = time.perf_counter() - t
+            after = {k: sum(p.cpu_times()[:2]) for k, p in procs.items()}
+        finally:
+            consumer.close()
+    shutil.rmtree(tmp, ignore_errors=True)
+    cpu = "  ".join(f"{k} {(after[k] - before[k]) / rows * 1e6:.2f}" for k in sorted(procs))
+    return f"{rows / elapsed:,.0f} rows/s; us a row: {cpu}"
+
+
+if __name__ == "__main__":
+    main()
