@@ -66,7 +66,7 @@ def _run(rows: int, size: int, batch_size: int) -> str:
     from actors.broker import Broker
     from actors.broker.options import BrokerOptions, run_dir_for
     from actors.runtime import ControlClient
-    from transport.client import Consumer, Message, Producer
+    from transport.client import Consumer, Delivery, Producer
     from transport.spark import to_json
 
     tmp = tempfile.mkdtemp(prefix="consumecpu", dir="/tmp")
@@ -85,7 +85,7 @@ def _run(rows: int, size: int, batch_size: int) -> str:
         with Producer(broker.zmq_endpoint) as producer:
             for i in range(0, rows, 16_000):
                 producer.publish_batch("consume", bodies[i:i + 16_000], 2000)
-        got: queue.SimpleQueue[list[Message]] = queue.SimpleQueue()
+        got: queue.SimpleQueue[Delivery] = queue.SimpleQueue()
         consumer = Consumer("consume", "c", got.put, broker.zmq_endpoint,
                             max_in_flight=2 * batch_size, auto_finish=False, batches=True,
                             msg_timeout_ms=120_000,
@@ -94,14 +94,15 @@ def _run(rows: int, size: int, batch_size: int) -> str:
         t = time.perf_counter()
         consumer.start()
         try:
-            done, batch = 0, []
+            done, batch, size = 0, [], 0
             while done < rows:
-                batch += got.get(timeout=30)
-                if len(batch) >= min(batch_size, rows - done):
-                    for m in batch:
-                        m.finish()
-                    done += len(batch)
-                    batch = []
+                batch.append(got.get(timeout=30))
+                size += len(batch[-1])
+                if size >= min(batch_size, rows - done):
+                    for d in batch:
+                        d.finish()
+                    done += size
+                    batch, size = [], 0
             elapsed = time.perf_counter() - t
             after = {k: sum(p.cpu_times()[:2]) for k, p in procs.items()}
         finally:

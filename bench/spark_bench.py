@@ -54,7 +54,7 @@ from pyspark.sql import functions as F
 
 from actors.broker import Broker
 from actors.broker.options import BrokerOptions
-from transport.client import Consumer, Message, Producer
+from transport.client import Consumer, Delivery, Producer
 from transport.spark import PartitionPublisher, PublishCounters, drain_to_parquet, to_json
 
 DRAIN_BATCH = inspect.signature(drain_to_parquet).parameters["batch_size"].default
@@ -194,24 +194,21 @@ def _publish(endpoint: str, topic: str, rows: int, pad: int, connections: int) -
 def _consume(endpoint: str, topic: str, rows: int, batch_size: int) -> None:
     """Read `rows` messages of `topic` as the drain's reader does, without Spark: a
     Consumer with FIN held back, room for two batches in flight, each batch FINed."""
-    got: queue.SimpleQueue[Message] = queue.SimpleQueue()
-
-    def delivered(messages: list[Message]) -> None:  # (as the reader takes them)
-        put = got.put
-        for m in messages:
-            put(m)
-
-    consumer = Consumer(topic, "consume", delivered, endpoint, max_in_flight=2 * batch_size,
+    got: queue.SimpleQueue[Delivery] = queue.SimpleQueue()
+    consumer = Consumer(topic, "consume", got.put, endpoint, max_in_flight=2 * batch_size,
                         auto_finish=False, batches=True, msg_timeout_ms=120_000,
                         connections_per_broker=-(-2 * batch_size // 2500))
     consumer.start()
     try:
         done = 0
         while done < rows:
-            batch = [got.get(timeout=30) for _ in range(min(batch_size, rows - done))]
-            for m in batch:
-                m.finish()
-            done += len(batch)
+            batch, size = [], 0  # (a batch: deliveries until batch_size messages or more)
+            while size < min(batch_size, rows - done):
+                batch.append(got.get(timeout=30))
+                size += len(batch[-1])
+            for d in batch:
+                d.finish()
+            done += size
     finally:
         consumer.close()
 

@@ -46,8 +46,10 @@ attempts (as go-nsq does), and a long handler can call ``message.touch()``.
 With ``auto_finish=False`` the handler only receives; the application calls
 ``finish()``/``requeue()`` later, from any thread (how the Spark reader FINs a
 micro-batch only after it is written).  With ``batches=True`` the handler is
-called once for each delivery frame with the list of its messages (returning
-FINs them all, raising REQs them all; the Spark reader's way).
+called once for each delivery frame with a ``Delivery``: its messages as columns
+(ids, bodies, timestamps, attempts), with no object a message, answered
+together (returning FINs them all, raising REQs them all; the Spark reader's
+way).
 HEARTBEATs are answered with NOP; a broker silent for two heartbeat intervals
 is treated as gone and the session is rebuilt with capped backoff.
 
@@ -91,14 +93,17 @@ from transport.protocol import commands as pc
 from transport.protocol.validation import ProtocolError, parse_from
 from transport.zmq import curve
 from transport.zmq.codec import (
+    Columns,
     ErrorReply,
     Messages,
     Ok,
     PackedMessages,
     SizedBodies,
+    columns_of,
     encode_request,
     mpub_body_size,
     parse_reply,
+    unpack_columns,
 )
 from transport.zmq.frames import recv_frames, send_frames
 
@@ -428,11 +433,8 @@ class Message:
     def finish(self) -> None:
         if not self.responded:
             self.responded = True
-            session = self._session
-            session.fins.append(self.id)
-            c = session.consumer
-            if not c.woken and threading.get_ident() != c.io_ident:
-                c.wake()  # (the I/O thread itself sends its FINs after the handler)
+            self._session.fins.append(self.id)
+            _fins_queued(self._session)
 
     def requeue(self, delay_ms: int = 0) -> None:
         if not self.responded:
@@ -441,12 +443,97 @@ class Message:
             self._session.consumer.wake()
 
     def touch(self) -> None:
-        session = self._session
-        session.outbox.append(pc.Touch(self.id))
-        if threading.current_thread() is session.consumer.io_thread:
-            session._flush()  # a long handler touches while it still holds the thread
-        else:
-            session.consumer.wake()
+        self._session.outbox.append(pc.Touch(self.id))
+        _touches_queued(self._session)
+
+
+class Delivery:
+    """The messages of one delivery frame, kept as columns: what a ``batches=True``
+    consumer's handler gets.  No object is made a message (a Message each cost a drain's
+    driver ~0.5 us a row to make, and more again in garbage collections while two
+    batches of them were alive), and they are answered together: ``finish()`` FINs
+    them all in one frame's worth of ids, ``requeue()`` and ``touch()`` each of them.
+    The calls may come from any thread, as a Message's.  `split` and `select` make
+    deliveries of some of its messages (the reader's batch boundaries, duplicates), to
+    be answered instead of it."""
+
+    __slots__ = ("_session", "bodies", "heads", "ids", "responded")
+
+    def __init__(self, ids: list[bytes], bodies: list[bytes], heads: bytes,
+                 session: _Session) -> None:
+        self.ids = ids
+        self.bodies = bodies
+        self.heads = heads  # each message's timestamp and attempts (see Columns)
+        self._session = session
+        self.responded = False
+
+    @classmethod
+    def of(cls, columns: Columns, session: _Session) -> Delivery:
+        return cls(columns.ids, columns.bodies, columns.heads, session)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __repr__(self) -> str:
+        return f"<Delivery of {len(self.ids)} from {self.source}>"
+
+    @property
+    def source(self) -> str | None:
+        """The endpoint of the broker that delivered it (see ``Message.source``)."""
+        return getattr(self._session, "endpoint", None)
+
+    @property
+    def timestamps(self) -> list[int]:
+        return Columns(self.ids, self.bodies, self.heads).timestamps()
+
+    @property
+    def attempts(self) -> list[int]:
+        return Columns(self.ids, self.bodies, self.heads).attempts()
+
+    def split(self, n: int) -> tuple[Delivery, Delivery]:
+        """Its first `n` messages and the rest."""
+        head = 10 * n
+        return (Delivery(self.ids[:n], self.bodies[:n], self.heads[:head], self._session),
+                Delivery(self.ids[n:], self.bodies[n:], self.heads[head:], self._session))
+
+    def select(self, indices: Iterable[int]) -> Delivery:
+        """Its messages at `indices`, in that order."""
+        at = list(indices)
+        heads = self.heads
+        return Delivery([self.ids[i] for i in at], [self.bodies[i] for i in at],
+                        b"".join([heads[10 * i:10 * i + 10] for i in at]), self._session)
+
+    def finish(self) -> None:
+        if not self.responded:
+            self.responded = True
+            if self.ids:
+                self._session.fins.append(b"".join(self.ids))
+                _fins_queued(self._session)
+
+    def requeue(self, delay_ms: int = 0) -> None:
+        if not self.responded:
+            self.responded = True
+            if self.ids:
+                self._session.outbox.extend([pc.Req(i, delay_ms) for i in self.ids])
+                self._session.consumer.wake()
+
+    def touch(self) -> None:
+        if self.ids:
+            self._session.outbox.extend([pc.Touch(i) for i in self.ids])
+            _touches_queued(self._session)
+
+
+def _fins_queued(session: _Session) -> None:
+    c = session.consumer
+    if not c.woken and threading.get_ident() != c.io_ident:
+        c.wake()  # (the I/O thread itself sends its FINs after the handler)
+
+
+def _touches_queued(session: _Session) -> None:
+    if threading.current_thread() is session.consumer.io_thread:
+        session._flush()  # a long handler touches while it still holds the thread
+    else:
+        session.consumer.wake()
 
 
 _SESSION_ENDED = (TimeoutError, zmq.ZMQError, BrokerRefused)
@@ -460,7 +547,9 @@ class _Session:
         self.consumer = consumer
         self.endpoint = endpoint
         self.rdy = rdy
-        self.fins: deque[bytes] = deque()  # thread-safe appends; drained by the I/O thread
+        # the ids to FIN, one or more (a Delivery's) an item: thread-safe appends,
+        # drained by the I/O thread
+        self.fins: deque[bytes] = deque()
         self.outbox: deque[Any] = deque()
         self.sock: zmq.Socket[Any] | None = None
         self.monitor: zmq.Socket[Any] | None = None
@@ -563,12 +652,22 @@ class _Session:
                 frames = recv_frames(self.sock, zmq.NOBLOCK)
             except zmq.Again:
                 return
+            if c.batches and frames[0] == b"MESSAGES" and len(frames) == 2:
+                if not self.cls_done:
+                    try:
+                        columns = unpack_columns(frames[1])
+                    except ValueError as e:
+                        raise TimeoutError(
+                            f"{self.endpoint} sent a malformed reply: {e}") from None
+                    self._handle_batch(Delivery.of(columns, self))
+                    self._flush()
+                continue
             reply = parse_reply(frames)
             if isinstance(reply, PackedMessages | Messages):
                 if self.cls_done:
                     continue  # (cannot happen after CLS's OK; a broker that did: ignored)
-                if c.batches:
-                    self._handle_batch(reply.messages)
+                if c.batches:  # (MESSAGE frames: a broker that does not pack)
+                    self._handle_batch(Delivery.of(columns_of(reply.messages), self))
                 else:
                     for m in reply.messages:
                         self._handle(*m)
@@ -615,37 +714,40 @@ class _Session:
             msg.finish()
         c.handled += 1
 
-    def _handle_batch(self, delivered: list[tuple[bytes, int, int, bytes]]) -> None:
-        """`batches=True`: one handler call for a delivery frame's messages (handing
-        them over one by one cost a drain's driver ~1 us a row of its ~5.7)."""
+    def _handle_batch(self, delivery: Delivery) -> None:
+        """`batches=True`: one handler call for a delivery frame's messages, as columns."""
         c = self.consumer
-        messages = [Message(i, body, ts, attempts, self) for i, ts, attempts, body in delivered]
         try:
-            c.handler(messages)
-        except Exception:  # the handler failed: REQ each with a backoff, as `_handle`
-            log.exception("handler failed on %d messages", len(messages))
-            for m in messages:
-                m.requeue(c.requeue_delay_ms(m.attempts))
+            c.handler(delivery)
+        except Exception:  # the handler failed: REQ each, with the backoff of the most tried
+            log.exception("handler failed on %d messages", len(delivery))
+            delivery.requeue(c.requeue_delay_ms(max(delivery.attempts)))
             return
         if c.auto_finish:
-            for m in messages:
-                m.finish()
-        c.handled += len(messages)
+            delivery.finish()
+        c.handled += len(delivery)
 
     def _flush(self) -> None:
         """Send the queued FINs (500 ids a request; up to 5,000 in one frame to a broker
         that packs) and the other queued commands."""
         fins, outbox = self.fins, self.outbox
-        per_request = self.fins_per_frame if self.packed else 500
+        room = (self.fins_per_frame if self.packed else 500) * pc.MSG_ID_LENGTH
         while fins:
-            ids = []
-            while fins and len(ids) < per_request:
-                ids.append(fins.popleft())
+            parts, size = [], 0
+            while fins and size < room:
+                ids = fins.popleft()
+                if size + len(ids) > room:  # (the rest goes in the next request)
+                    fins.appendleft(ids[room - size:])
+                    ids = ids[:room - size]
+                parts.append(ids)
+                size += len(ids)
+            ids = b"".join(parts)
             if self.packed:
                 assert self.sock is not None
-                send_frames(self.sock, [b"FIN", b"".join(ids)])
+                send_frames(self.sock, [b"FIN", ids])
             else:
-                self.send(pc.Fin(tuple(ids)))
+                self.send(pc.Fin(tuple(ids[i:i + pc.MSG_ID_LENGTH]
+                                       for i in range(0, size, pc.MSG_ID_LENGTH))))
         while outbox:
             item = outbox.popleft()
             if isinstance(item, threading.Event):
@@ -716,7 +818,7 @@ class Consumer:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.woken = False
         self.io_ident: int | None = None
-        self._requeue_at_close: Callable[[], Iterable[Message]] | None = None
+        self._requeue_at_close: Callable[[], Iterable[Message | Delivery]] | None = None
         for e in eps:
             self._add(e)
 
@@ -991,7 +1093,7 @@ class Consumer:
         return self
 
     def close(self, timeout: float = 5.0, *,
-              requeue: Callable[[], Iterable[Message]] | None = None) -> None:
+              requeue: Callable[[], Iterable[Message | Delivery]] | None = None) -> None:
         """CLS every session; once each has answered, REQ what ``requeue`` returns, send
         what is queued and close the sockets; stop the threads.
 

@@ -50,7 +50,6 @@ import dataclasses
 import datetime as dt
 import decimal
 import functools
-import gc
 import json
 import logging
 import math
@@ -87,14 +86,14 @@ from pyspark.sql.types import _make_type_verifier
 from transport.client import (
     MAX_BATCH_BYTES,
     Consumer,
-    Message,
+    Delivery,
     Producer,
     PublishError,
     discover,
     split_batches,
 )
 from transport.protocol.validation import TAG_RULE, ProtocolError, check_topic, valid_tag
-from transport.zmq.codec import SizedBodies
+from transport.zmq.codec import Columns, SizedBodies
 
 log = logging.getLogger(__name__)
 
@@ -673,13 +672,12 @@ class Batch:
     df: Any
     rows: int
     bad: list[BadMessage]
-    messages: list[Message] = field(repr=False)
+    deliveries: list[Delivery] = field(repr=False)  # its messages, as the brokers sent them
     committed: bool = False
     duplicates: int = 0
     # (the reader's: the messages are no longer held, and, committed, are remembered)
-    _on_settled: Callable[[list[Message], list[Any], bool], None] | None = field(
-        default=None, repr=False)
-    _keys: list[Any] = field(default_factory=list, repr=False)  # (source, id) a message
+    _on_settled: Callable[[_Gathered, bool], None] | None = field(default=None, repr=False)
+    _gathered: _Gathered | None = field(default=None, repr=False)
     _framed: _Framed | None = field(default=None, repr=False)  # its Spark side
 
     def _release(self) -> None:
@@ -693,17 +691,17 @@ class Batch:
             self._framed.settle(self)
 
     def commit(self) -> None:
-        for m in self.messages:
-            m.finish()
+        for d in self.deliveries:
+            d.finish()
         self.committed = True
-        if self._on_settled is not None:
-            self._on_settled(self.messages, self._keys, True)
+        if self._on_settled is not None and self._gathered is not None:
+            self._on_settled(self._gathered, True)
 
     def requeue(self) -> None:
-        for m in self.messages:
-            m.requeue(0)
-        if self._on_settled is not None:
-            self._on_settled(self.messages, self._keys, False)
+        for d in self.deliveries:
+            d.requeue(0)
+        if self._on_settled is not None and self._gathered is not None:
+            self._on_settled(self._gathered, False)
 
 
 class TopicReader:
@@ -769,20 +767,21 @@ class TopicReader:
         self._read_plan: _ReadPlan | None = None
         self._arrow = False  # (drain_to_parquet's, to a local path: Arrow reads its batches)
         self._arrow_plan: _ArrowPlan | None = None
-        # each delivery frame's messages, as the consumer hands them over (a list each:
-        # a message each cost a put and a get, ~0.3 us a row of a drain's driver)
-        self._arrived: queue.SimpleQueue[list[Message]] = queue.SimpleQueue()
-        self._left: list[Message] = []  # (arrived past the last batch's batch_size)
+        # each delivery frame's messages, as the consumer hands them over (a Delivery
+        # each: a message each cost a put and a get, ~0.3 us a row of a drain's driver)
+        self._arrived: queue.SimpleQueue[Delivery] = queue.SimpleQueue()
+        self._left: list[Delivery] = []  # (arrived past the last batch's batch_size)
         eps = _addresses(endpoints, lookupd_http_addresses)
         # (with lookup daemons the brokers are not known yet: room for one to take all)
         brokers = len(eps) if eps and not lookupd_http_addresses else 1
         # room for two batches: the next one arrives while Spark writes this one
         per_broker = math.ceil(2 * batch_size / (brokers * rdy_per_connection))
-        # Every message delivered and not yet FINed or requeued (by id(), a message
-        # being unhashable): the keeper touches those held for a quarter of the timeout
-        # or more, so a batch that takes long to write (or waits for the next) never
-        # times out while this reader still has it.
-        self._held: dict[int, Message] = {}
+        # Every delivery not yet FINed or requeued (by id(), a delivery being
+        # unhashable): the keeper touches those held for a quarter of the timeout or
+        # more, so a batch that takes long to write (or waits for the next) never times
+        # out while this reader still has it.  (A delivery split between two batches,
+        # or with an earlier copy of a message left out, is held as its parts.)
+        self._held: dict[int, Delivery] = {}
         self._touch_after = msg_timeout_ms / 2000
         self._keeper: threading.Thread | None = None
         self._closing = threading.Event()
@@ -817,9 +816,9 @@ class TopicReader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _delivered(self, messages: list[Message]) -> None:
-        self._held.update(zip(map(id, messages), messages, strict=True))
-        self._arrived.put(messages)
+    def _delivered(self, delivery: Delivery) -> None:
+        self._held[id(delivery)] = delivery
+        self._arrived.put(delivery)
 
     def _keep(self) -> None:
         """The keeper thread's loop: each quarter of the message timeout, touch every
@@ -893,7 +892,7 @@ class TopicReader:
             self._settle_pending()
             asked = time.monotonic()
             prepared = self._take_next()
-            if prepared is not None and not prepared.messages and self.idle_timeout is not None:
+            if prepared is not None and not prepared.gathered and self.idle_timeout is not None:
                 # The prefetch waited from the last yield: idle means idle_timeout
                 # without a message since the caller asked, not since the yield.
                 left = asked + self.idle_timeout - time.monotonic()
@@ -901,7 +900,7 @@ class TopicReader:
                     prepared = self._prepare(self._gather(left))
             if prepared is None:
                 prepared = self._prepare(self._gather())
-            if not prepared.messages:
+            if not prepared.gathered:
                 return
             batch = self._frame(prepared)
             with self._handoff:  # (close() from another thread: nothing yielded after it)
@@ -921,7 +920,7 @@ class TopicReader:
             return
         if not pending.committed:
             log.warning("batch of %d messages was not committed; requeued",
-                        len(pending.messages))
+                        sum(map(len, pending.deliveries)))
             pending.requeue()
         pending._release()
 
@@ -944,12 +943,12 @@ class TopicReader:
         """The prefetch thread's work: the next batch, gathered and staged."""
         return self._prepare(self._gather())
 
-    def _gather(self, first_timeout: float | None = -1.0) -> list[Message]:
+    def _gather(self, first_timeout: float | None = -1.0) -> _Gathered:
         """Up to batch_size messages (fewer if one came twice: see `_distinct`): what was
         left past the last batch, else wait idle_timeout (or `first_timeout`) for a
         first delivery; then batch_timeout for the rest."""
         if self._closing.is_set():
-            return []
+            return _Gathered.of([])
         taken, self._left = self._left, []
         arrived, size = self._arrived, self.batch_size
         if not taken:
@@ -957,18 +956,20 @@ class TopicReader:
                 first = arrived.get(
                     timeout=self.idle_timeout if first_timeout == -1.0 else first_timeout)
             except queue.Empty:
-                return []
+                return _Gathered.of([])
             if first is _WAKE:
-                return []
-            taken = list(first)
+                return _Gathered.of([])
+            taken = [first]
+        count = sum(map(len, taken))
         deadline = time.monotonic() + self.batch_timeout
-        while len(taken) < size:
+        while count < size:
             try:  # what has arrived, without a timed wait each
-                while len(taken) < size:
+                while count < size:
                     run = arrived.get_nowait()
                     if run is _WAKE:
                         return self._distinct(self._cut(taken))
-                    taken += run
+                    taken.append(run)
+                    count += len(run)
                 break
             except queue.Empty:
                 pass
@@ -981,45 +982,79 @@ class TopicReader:
                 break
             if run is _WAKE:
                 break
-            taken += run
+            taken.append(run)
+            count += len(run)
         return self._distinct(self._cut(taken))
 
-    def _cut(self, taken: list[Message]) -> list[Message]:
-        """`taken` up to batch_size; the rest is left for the next batch (still held, so
-        touched, and requeued if the reader closes first)."""
-        if len(taken) > self.batch_size:
-            self._left = taken[self.batch_size:]
-            del taken[self.batch_size:]
+    def _cut(self, taken: list[Delivery]) -> list[Delivery]:
+        """`taken` up to batch_size messages; the rest is left for the next batch (still
+        held, so touched, and requeued if the reader closes first), the delivery across
+        the boundary split in two."""
+        count = 0
+        for i, d in enumerate(taken):
+            if count + len(d) > self.batch_size:
+                rest = taken[i + 1:]
+                del taken[i:]
+                fits = self.batch_size - count
+                if fits:
+                    before, after = self._replace(d, *d.split(fits))
+                    taken.append(before)
+                    rest.insert(0, after)
+                else:
+                    rest.insert(0, d)
+                self._left = rest
+                break
+            count += len(d)
         return taken
 
-    def _distinct(self, taken: list[Message]) -> _Gathered:
+    def _replace(self, delivery: Delivery, *parts: Delivery) -> tuple[Delivery, ...]:
+        """`parts` held (and answered) instead of `delivery` (added first: a close in
+        between requeues a message twice, not never)."""
+        held = self._held
+        for part in parts:
+            held[id(part)] = part
+        held.pop(id(delivery), None)
+        return parts
+
+    def _distinct(self, taken: list[Delivery]) -> _Gathered:
         """`taken` but for the earlier copy of a message delivered again (keyed by
         broker and id: ids are unique per broker only), which is no longer held."""
-        got = {(m.source, m.id): m for m in taken}  # (a later copy replaces an earlier)
-        if len(got) < len(taken):
-            last = set(map(id, got.values()))
-            for m in taken:
-                if id(m) not in last:
-                    self._held.pop(id(m), None)
-        return _Gathered(got.values(), got)
+        gathered = _Gathered.of(taken)
+        if all(len(set(ids)) == len(ids) for ids in gathered.by_source().values()):
+            return gathered
+        later: set[tuple[str | None, bytes]] = set()
+        out = []
+        for d in reversed(taken):  # (a later copy is kept, an earlier one left out)
+            source, ids, keep = d.source, d.ids, []
+            for i in range(len(d) - 1, -1, -1):
+                if (source, ids[i]) not in later:
+                    later.add((source, ids[i]))
+                    keep.append(i)
+            if len(keep) == len(d):
+                out.append(d)
+            elif keep:
+                out += self._replace(d, d.select(reversed(keep)))
+            else:
+                self._held.pop(id(d), None)
+        out.reverse()
+        return _Gathered.of(out)
 
-    def _settled(self, messages: list[Message], keys: list[Any], committed: bool) -> None:
-        """A batch FINed (`committed`) or requeued: its messages are no longer held (the
-        keeper stops touching them, and the garbage collector no longer scans them;
-        held until the keeper's next round, a drain's messages cost a second of full
-        collections a 300,000), and committed ones are remembered for deduplication."""
+    def _settled(self, gathered: _Gathered, committed: bool) -> None:
+        """A batch FINed (`committed`) or requeued: its deliveries are no longer held (the
+        keeper stops touching them), and committed ones' ids are remembered for
+        deduplication."""
         pop = self._held.pop
-        for m in messages:
-            pop(id(m), None)
+        for d in gathered.deliveries:
+            pop(id(d), None)
         if committed and self._dedupe_window:
-            self._seen.add(keys)
+            self._seen.add(gathered.by_source())
 
-    def _prepare(self, messages: list[Message]) -> _Prepared:
+    def _prepare(self, gathered: _Gathered) -> _Prepared:
         """A batch made ready (the prefetch thread's work): each message decoded,
         checked and staged (JSON) or made a row, then its DataFrame.  On an error
         the messages are requeued."""
-        prepared = _Prepared(messages, _keys(messages))
-        if not messages:
+        prepared = _Prepared(gathered)
+        if not gathered:
             return prepared
         try:
             if self._staging is not None:
@@ -1035,9 +1070,9 @@ class TopicReader:
 
     def _drop(self, prepared: _Prepared) -> None:
         """Give a batch that will not be yielded back: requeue it, unstage it."""
-        for m in prepared.messages:
-            m.requeue(0)
-        self._settled(prepared.messages, prepared.keys, False)
+        for d in prepared.gathered.deliveries:
+            d.requeue(0)
+        self._settled(prepared.gathered, False)
         _discard(prepared.framed)
         if prepared.where is not None:
             assert self._staging is not None
@@ -1048,27 +1083,29 @@ class TopicReader:
         """Each body that is one whole JSON object becomes a line (wrapped with its
         index and metadata) of a staged file for Spark's JSON reader."""
         assert self._staging is not None
-        kept, values, bad = prepared.kept, prepared.values, prepared.bad
-        bodies = [m.body for m in prepared.messages]
+        gathered, values, bad = prepared.gathered, prepared.values, prepared.bad
+        bodies = gathered.bodies
         if _whole_objects(bodies):  # (the usual batch: judged in C, not body by body)
-            kept += prepared.messages
+            prepared.kept = range(len(bodies))
             values += bodies
         else:
-            for m in prepared.messages:
+            for i, body in enumerate(bodies):
                 try:
-                    values.append(_json_line(m.body))
+                    values.append(_json_line(body))
                 except ValueError as e:
-                    bad.append((m, f"cannot decode: {e}"))
+                    bad.append((i, f"cannot decode: {e}"))
                     continue
-                kept.append(m)
+                prepared.kept.append(i)
+        kept = prepared.kept
         if not kept:
             return
         if self.metadata:
+            ids, timestamps, attempts = gathered.ids, gathered.timestamps(), gathered.attempts()
             blob = b"\n".join([b'{"_nsq_i":%d,"_nsq_id":%b,"_nsq_timestamp":%d,'
                                 b'"_nsq_attempts":%d,"_nsq_body":%b}' % (
-                                    i, orjson.dumps(m.id.decode("ascii", "replace")),
-                                    m.timestamp, m.attempts, body)
-                                for i, (m, body) in enumerate(zip(kept, values, strict=True))])
+                                    i, orjson.dumps(ids[j].decode("ascii", "replace")),
+                                    timestamps[j], attempts[j], body)
+                                for i, (j, body) in enumerate(zip(kept, values, strict=True))])
         else:  # each line its index's head, its body and a brace, joined at once
             n = len(kept)
             heads = self._line_heads
@@ -1092,19 +1129,22 @@ class TopicReader:
     def _decode(self, prepared: _Prepared) -> None:
         """Each message decoded, converted and checked as a row of the schema (a bad
         one costs its own time, not its batch's)."""
-        records: list[tuple[Message, Any]] = []
-        for m in prepared.messages:
+        records: list[tuple[int, Any]] = []
+        gathered = prepared.gathered
+        if self.metadata:
+            ids, timestamps, attempts = gathered.ids, gathered.timestamps(), gathered.attempts()
+        for i, body in enumerate(gathered.bodies):
             try:
-                value = self.decode(m.body)
+                value = self.decode(body)
                 if not isinstance(value, dict):
                     raise ValueError(f"expected an object, got {type(value).__name__}")
             except (ValueError, TypeError, msgpack.ExtraData) as e:
-                prepared.bad.append((m, f"cannot decode: {e}"))
+                prepared.bad.append((i, f"cannot decode: {e}"))
                 continue
             if self.metadata:
-                value = {**value, "_nsq_id": m.id.decode("ascii", "replace"),
-                         "_nsq_timestamp": m.timestamp, "_nsq_attempts": m.attempts}
-            records.append((m, value))
+                value = {**value, "_nsq_id": ids[i].decode("ascii", "replace"),
+                         "_nsq_timestamp": timestamps[i], "_nsq_attempts": attempts[i]}
+            records.append((i, value))
         if self._body_schema is None and records:
             inferred = self.spark.createDataFrame([r for _, r in records[:1000]]).schema
             meta = {f.name for f in _METADATA_FIELDS} if self.metadata else set()
@@ -1117,14 +1157,16 @@ class TopicReader:
             self._verify = _make_type_verifier(schema)
             self._verified = self._body_schema
         convert, verify = self._convert, self._verify
-        for m, value in records:
+        kept = prepared.kept
+        assert isinstance(kept, list)
+        for i, value in records:
             try:
                 row = convert(value)
                 verify(row)
             except (ValueError, TypeError, AttributeError, ArithmeticError) as e:
-                prepared.bad.append((m, f"does not fit the schema: {e}"))
+                prepared.bad.append((i, f"does not fit the schema: {e}"))
                 continue
-            prepared.kept.append(m)
+            kept.append(i)
             prepared.values.append(row)
 
     def _frame(self, prepared: _Prepared) -> Batch:
@@ -1138,9 +1180,11 @@ class TopicReader:
         duplicates = 0
         framed = prepared.framed
         assert framed is not None
-        if seen and not seen.isdisjoint(prepared.keys):
-            dup = {i for i, m in enumerate(prepared.kept) if (m.source, m.id) in seen}
-            kept_bad = [(m, e) for m, e in bad if (m.source, m.id) not in seen]
+        gathered = prepared.gathered
+        if seen and not seen.isdisjoint(gathered.by_source()):
+            ids, sources = gathered.ids, gathered.sources()
+            dup = {k for k, i in enumerate(prepared.kept) if (sources[i], ids[i]) in seen}
+            kept_bad = [(i, e) for i, e in bad if (sources[i], ids[i]) not in seen]
             duplicates = len(dup) + len(bad) - len(kept_bad)
             bad = kept_bad
             if dup:
@@ -1151,9 +1195,10 @@ class TopicReader:
                     raise
                 _discard(prepared.framed)  # (remade: the first DataFrame never runs)
                 prepared.framed = framed
-        out = [BadMessage(m.id, m.body, error) for m, error in bad] + framed.bad
-        return Batch(framed.df, framed.rows, out, prepared.messages, duplicates=duplicates,
-                     _on_settled=self._settled, _keys=prepared.keys, _framed=framed)
+        out = [BadMessage(gathered.ids[i], gathered.bodies[i], error)
+               for i, error in bad] + framed.bad
+        return Batch(framed.df, framed.rows, out, gathered.deliveries, duplicates=duplicates,
+                     _on_settled=self._settled, _gathered=gathered, _framed=framed)
 
     def _spark_side(self, prepared: _Prepared, dup: set[int]) -> _Framed:
         """The batch's DataFrame, leaving out the messages at `dup` in ``kept``."""
@@ -1237,20 +1282,19 @@ class TopicReader:
             plan = self._arrow_plan = _ArrowPlan.of(body, self.metadata, self.spark.version)
         if not plan.readable:
             return False
-        messages = prepared.messages
-        bodies = [m.body for m in messages]
+        gathered = prepared.gathered
+        bodies = gathered.bodies
         lines = b"\n".join(bodies)
         if lines.count(b"\n") != len(bodies) - 1 or {b[:1] for b in bodies} != {b"{"} \
                 or {b[-1:] for b in bodies} != {b"}"}:
             return False
-        metadata = [[m.id.decode("ascii", "replace") for m in messages],
-                    [m.timestamp for m in messages], [m.attempts for m in messages]] \
-            if self.metadata else []
+        metadata = [[i.decode("ascii", "replace") for i in gathered.ids],
+                    gathered.timestamps(), gathered.attempts()] if self.metadata else []
         zone = self.spark.conf.get("spark.sql.session.timeZone") if plan.temporal else ""
         table = plan.read(lines, len(bodies), zone, metadata)
         if table is None:
             return False
-        prepared.kept += messages  # (no values: Spark's reader never sees this batch)
+        prepared.kept = range(len(bodies))  # (no values: Spark's reader never sees this batch)
         prepared.table = table
         return True
 
@@ -1274,10 +1318,12 @@ class TopicReader:
         """The messages of the staged `lines` Spark's JSON reader refused, each with the
         reason the Python converter gives."""
         out = []
+        gathered = prepared.gathered
         for text in lines:
             i = _line_index(text)
-            m, body = prepared.kept[i], prepared.values[i]
-            out.append(BadMessage(m.id, m.body, f"does not fit the schema: {self._why(body)}"))
+            j, body = prepared.kept[i], prepared.values[i]
+            out.append(BadMessage(gathered.ids[j], gathered.bodies[j],
+                                  f"does not fit the schema: {self._why(body)}"))
         return out
 
     def _why(self, body: bytes) -> str:
@@ -1301,69 +1347,113 @@ class TopicReader:
 
 
 class _Remembered:
-    """The (broker, id) keys of the messages a reader committed lately: at least the
-    last `size` of them, and at most a quarter more.
+    """The ids of the messages a reader committed lately, by broker: at least the last
+    `size` of them, and at most a quarter more.
 
-    They are kept as generations of sets, the newest taking each batch's keys, a new
-    one begun when it holds a quarter of `size`, and the oldest forgotten once the
-    newer ones hold `size` without it.  Adding a key costs a set's insertion, and
-    forgetting is dropping a set: an OrderedDict kept exactly `size` but cost 1.2 us a
-    key with a window of 1,000,000 (a set's 0.3), 10 % of a drain's driver."""
+    They are kept as generations of sets (one a broker), the newest taking each
+    batch's ids, a new one begun when it holds a quarter of `size`, and the oldest
+    forgotten once the newer ones hold `size` without it.  Adding an id costs a set's
+    insertion, and forgetting is dropping a generation: an OrderedDict kept exactly
+    `size` but cost 1.2 us a key with a window of 1,000,000 (a set's 0.3), 10 % of a
+    drain's driver."""
 
     def __init__(self, size: int) -> None:
         self.size = size
         self._per = max(1, -(-size // 4))
-        self._generations: list[set[Any]] = [set()]
-        self._held = 0  # keys in all generations (one seen twice counts twice)
+        self._generations: list[dict[str | None, set[bytes]]] = [{}]
+        self._sizes = [0]  # ids in each generation
+        self._held = 0  # ids in all generations (one seen twice counts twice)
 
     def __bool__(self) -> bool:
         return self._held > 0
 
-    def __contains__(self, key: Any) -> bool:
-        return any(key in generation for generation in self._generations)
+    def __contains__(self, key: tuple[str | None, bytes]) -> bool:
+        source, msg_id = key
+        return any(msg_id in generation.get(source, ()) for generation in self._generations)
 
-    def isdisjoint(self, keys: Iterable[Any]) -> bool:
-        keys = keys if isinstance(keys, (list, tuple, set)) else list(keys)
-        return all(generation.isdisjoint(keys) for generation in self._generations)
+    def isdisjoint(self, ids_by_source: Mapping[str | None, list[bytes]]) -> bool:
+        return all(generation.get(source, _NO_IDS).isdisjoint(ids)
+                   for generation in self._generations
+                   for source, ids in ids_by_source.items())
 
-    def add(self, keys: Iterable[Any]) -> None:
-        generations = self._generations
-        newest = generations[-1]
-        before = len(newest)
-        newest.update(keys)
-        self._held += len(newest) - before
-        if len(newest) >= self._per:
-            generations.append(set())
-        while len(generations) > 1 and self._held - len(generations[0]) >= self.size:
-            self._held -= len(generations.pop(0))
-
-
-class _Gathered(list):  # type: ignore[type-arg]
-    """Messages gathered for a batch, with the (broker, id) key of each (``keys``, which
-    the batch needs three times: made once)."""
-
-    def __init__(self, messages: Iterable[Message], keys: Iterable[Any]) -> None:
-        super().__init__(messages)
-        self.keys = list(keys)
+    def add(self, ids_by_source: Mapping[str | None, list[bytes]]) -> None:
+        newest = self._generations[-1]
+        for source, ids in ids_by_source.items():
+            held = newest.setdefault(source, set())
+            before = len(held)
+            held.update(ids)
+            self._held += len(held) - before
+            self._sizes[-1] += len(held) - before
+        if self._sizes[-1] >= self._per:
+            self._generations.append({})
+            self._sizes.append(0)
+        while len(self._sizes) > 1 and self._held - self._sizes[0] >= self.size:
+            self._held -= self._sizes.pop(0)
+            self._generations.pop(0)
 
 
-def _keys(messages: list[Message]) -> list[Any]:
-    keys = getattr(messages, "keys", None)
-    return keys if keys is not None else [(m.source, m.id) for m in messages]
+_NO_IDS: frozenset[bytes] = frozenset()
+
+
+@dataclass
+class _Gathered:
+    """The deliveries gathered for a batch, and their messages as columns across them
+    (no object a message)."""
+
+    deliveries: list[Delivery]
+    ids: list[bytes]
+    bodies: list[bytes]
+    heads: bytes  # each message's timestamp and attempts (see Delivery)
+
+    @classmethod
+    def of(cls, deliveries: list[Delivery]) -> _Gathered:
+        if len(deliveries) == 1:
+            (d,) = deliveries
+            return cls(deliveries, d.ids, d.bodies, d.heads)
+        ids: list[bytes] = []
+        bodies: list[bytes] = []
+        for d in deliveries:
+            ids += d.ids
+            bodies += d.bodies
+        return cls(deliveries, ids, bodies, b"".join([d.heads for d in deliveries]))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def timestamps(self) -> list[int]:
+        return Columns(self.ids, self.bodies, self.heads).timestamps()
+
+    def attempts(self) -> list[int]:
+        return Columns(self.ids, self.bodies, self.heads).attempts()
+
+    def sources(self) -> list[str | None]:
+        """Each message's broker."""
+        out: list[str | None] = []
+        for d in self.deliveries:
+            out += [d.source] * len(d)
+        return out
+
+    def by_source(self) -> dict[str | None, list[bytes]]:
+        """The ids, by the broker that sent them (ids are unique per broker only)."""
+        if len({d.source for d in self.deliveries}) <= 1:
+            return {self.deliveries[0].source: self.ids} if self.deliveries else {}
+        out: dict[str | None, list[bytes]] = {}
+        for d in self.deliveries:
+            out.setdefault(d.source, []).extend(d.ids)
+        return out
 
 
 @dataclass
 class _Prepared:
     """A gathered batch made ready in Python, not yet framed for Spark: its messages,
-    those that cannot be read (with why), and the rest, each with its staged JSON
-    body (staged in the file at ``where``) or its row, in staging order."""
+    those that cannot be read (by their index in `gathered`, with why), and the rest
+    (``kept``, their indices), each with its staged JSON body (staged in the file at
+    ``where``) or its row, in staging order."""
 
-    messages: list[Message]
-    keys: list[Any]  # each message's (source, id), made once for all a batch needs
-    bad: list[tuple[Message, str]] = field(default_factory=list)
-    kept: list[Message] = field(default_factory=list)
-    # each kept message's staged JSON body or row, none for a batch Arrow read (two lists,
-    # not a tuple a message: a tuple holding a message is one more object the collector scans)
+    gathered: _Gathered
+    bad: list[tuple[int, str]] = field(default_factory=list)
+    kept: list[int] | range = field(default_factory=list)
+    # each kept message's staged JSON body or row, none for a batch Arrow read
     values: list[Any] = field(default_factory=list)
     blob: bytes = b""  # the staged JSON lines of `kept`, one a message
     table: pa.Table | None = None  # or its rows, read by Arrow (a drain's)
@@ -1992,7 +2082,7 @@ def drain_to_parquet(spark: Any, topic: str, channel: str, endpoints: str | Sequ
     reader._refused_after_write = True
     parquet = _parquet_options(spark) if local is not None else None
     reader._arrow = parquet is not None
-    with reader, _collections_spaced():
+    with reader:
         for batch in reader.batches():
             table = batch._framed.table if batch._framed is not None else None
             if table is not None:
@@ -2021,37 +2111,6 @@ def drain_to_parquet(spark: Any, topic: str, channel: str, endpoints: str | Sequ
 
 
 _STAGING = "_staging"  # under a drain's path: hidden from Spark's readers, as _bad_messages
-
-GC_FIRST_THRESHOLD = 10_000
-"""The garbage collector's first threshold while a drain runs (Python's is 700)."""
-
-
-@contextlib.contextmanager
-def _collections_spaced() -> Iterator[None]:
-    """While a drain runs, the garbage collector's youngest generation waits for
-    `GC_FIRST_THRESHOLD` new objects instead of 700 (restored after, unless something
-    else changed it meanwhile).
-
-    A drain keeps two batches of `Message`s alive (100,000 at its default batch size)
-    and makes a few objects a message; at Python's thresholds that set off a full
-    collection, which walks every object of the driver, about every 50,000
-    messages: 6 of 130 ms each in a drain of 300,000 rows, 2.6 us a row of the
-    driver's GIL, more than a third of it.  Waiting for 10,000 new objects makes
-    the collections of the young generations ~14 times rarer and a full one about
-    once in 300,000 messages (measured: 0 or 1 a drain of 300,000 rows), each
-    young collection a few milliseconds."""
-    before = gc.get_threshold()
-    if not before[0] or before[0] >= GC_FIRST_THRESHOLD:  # (off, or spaced already)
-        yield
-        return
-    spaced = (GC_FIRST_THRESHOLD, *before[1:])
-    gc.set_threshold(*spaced)
-    try:
-        yield
-    finally:
-        if gc.get_threshold() == spaced:
-            gc.set_threshold(*before)
-
 
 _SPARK_CODECS = {"none": ("none", ""), "uncompressed": ("none", ""),
                  "snappy": ("snappy", ".snappy"), "gzip": ("gzip", ".gz"),

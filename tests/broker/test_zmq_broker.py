@@ -14,7 +14,7 @@ from actors.broker import Broker
 from tests.broker.conftest import broker_options
 from tests.broker.test_broker_actors import wait_for
 from transport import client as client_module
-from transport.client import BrokerRefused, Consumer, Message, Producer, PublishError
+from transport.client import BrokerRefused, Consumer, Delivery, Message, Producer, PublishError
 from transport.protocol import commands as pc
 from transport.zmq.codec import Messages, PackedMessages, encode_request, parse_reply
 
@@ -96,12 +96,12 @@ def test_a_consumer_whose_io_thread_died_still_closes(broker):
 
 def test_a_consumer_closing_requeues_what_it_holds_to_no_session_of_its_own(broker):
     # Given a consumer with four sessions holding 3,000 messages unfinished
-    held: list[Message] = []
+    held: list[Delivery] = []
     everything = threading.Event()
 
-    def hold(batch: list[Message]) -> None:
-        held.extend(batch)  # (the I/O thread is the only caller)
-        if len(held) == 3000:
+    def hold(delivery: Delivery) -> None:
+        held.append(delivery)  # (the I/O thread is the only caller)
+        if sum(map(len, held)) == 3000:
             everything.set()
 
     first = Consumer("closing", "c", hold, broker.zmq_endpoint, max_in_flight=10_000,
@@ -110,7 +110,7 @@ def test_a_consumer_closing_requeues_what_it_holds_to_no_session_of_its_own(brok
         wait_for(lambda: broker.topic_stats("closing")["channels"], what="channel")
         p.publish_batch("closing", [b"m%d" % i for i in range(3000)], batch_size=500)
     assert everything.wait(30)
-    assert {m.attempts for m in held} == {1}
+    assert {a for d in held for a in d.attempts} == {1}
     # When it closes, giving them back
     first.close(requeue=lambda: held)
     # Then every session had said CLS before the REQs went: no sibling took a message
@@ -147,18 +147,18 @@ def test_a_failing_handler_gets_the_message_again(broker):
 
 def test_a_batch_handler_gets_each_deliverys_messages_at_once_and_a_failure_requeues_them_all(
         broker):
-    # Given a consumer whose handler takes lists, and fails the first delivery of each
-    calls: list[list[Message]] = []
+    # Given a consumer whose handler takes deliveries, and fails the first one of each
+    calls: list[Delivery] = []
     seen: dict[bytes, list[int]] = {}
     done = threading.Event()
 
-    def handler(messages: list[Message]) -> None:
-        calls.append(messages)
-        for m in messages:
-            seen.setdefault(m.body, []).append(m.attempts)
+    def handler(delivery: Delivery) -> None:
+        calls.append(delivery)
+        for body, attempts in zip(delivery.bodies, delivery.attempts, strict=True):
+            seen.setdefault(body, []).append(attempts)
         if all(attempts[-1] == 2 for attempts in seen.values()) and len(seen) == 300:
             done.set()
-        if any(m.attempts == 1 for m in messages):
+        if 1 in delivery.attempts:
             raise RuntimeError("not yet")
 
     with Producer(broker.zmq_endpoint) as p:
@@ -170,7 +170,7 @@ def test_a_batch_handler_gets_each_deliverys_messages_at_once_and_a_failure_requ
         assert done.wait(30)
         assert consumer.handled >= 300
     assert all(attempts[:2] == [1, 2] for attempts in seen.values())
-    assert max(len(messages) for messages in calls) > 1
+    assert max(map(len, calls)) > 1
     # (the second deliveries were FINed: nothing is left in flight or queued)
     stats = broker.topic_stats("batched")["channels"][0]
     assert (stats["in_flight_count"], stats["depth"]) == (0, 0)

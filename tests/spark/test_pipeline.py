@@ -21,16 +21,18 @@ from pyspark.sql import functions as F
 
 from tests.chaos.harness import BrokerProcess
 from tests.spark.conftest import start_broker
-from transport.client import Consumer, Message, Producer, discover
+from transport.client import Consumer, Delivery, Message, Producer, discover
 from transport.spark import (
     PartitionPublisher,
     PublishCounters,
     TopicReader,
+    _Gathered,
     _Prefetch,
     _whole_objects,
     drain_to_parquet,
     to_json,
 )
+from transport.zmq.codec import columns_of
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -246,28 +248,15 @@ def test_a_batch_not_committed_comes_back(spark, broker, tmp_path):
     assert {r._nsq_id for r in rows} == first_ids
 
 
-def test_drain_keeps_messages_it_cannot_read_aside(spark, broker, tmp_path, monkeypatch):
-    import gc
-
-    import transport.spark as spark_module
-
+def test_drain_keeps_messages_it_cannot_read_aside(spark, broker, tmp_path):
     bodies = [json.dumps({"id": i, "name": f"n{i}"}).encode() for i in range(20)]
     bodies += [b"not json", b"[1, 2]", json.dumps({"id": "seven", "name": "x"}).encode()]
     with Producer(broker.zmq_endpoint) as p:
         p.publish_batch("mixed", bodies)
     out = tmp_path / "out"
-    # (the collector's first threshold as each batch is staged: spaced while it drains)
-    thresholds = []
-    write = spark_module._Staging.write
-    monkeypatch.setattr(spark_module._Staging, "write", lambda staging, *a: (
-        thresholds.append(gc.get_threshold()[0]), write(staging, *a))[1])
-    before = gc.get_threshold()
     result = drain_to_parquet(spark, "mixed", "c", broker.zmq_endpoint, str(out),
                               schema=SCHEMA, idle_timeout=3, batch_timeout=1)
     assert (result.rows, result.bad) == (20, 3)
-    assert thresholds
-    assert set(thresholds) == {max(before[0], spark_module.GC_FIRST_THRESHOLD)}
-    assert gc.get_threshold() == before
     assert sorted(read_ids(spark, out)) == list(range(20))  # _bad_messages is hidden from readers
     assert not (out / "_staging").exists()  # each batch's staged lines went with it
     bad = spark.read.parquet(str(out / "_bad_messages")).collect()
@@ -327,11 +316,13 @@ def test_a_batch_committed_or_requeued_is_no_longer_held(spark):
     session = _session("tcp://b")
     messages = [Message(b"%016d" % i, json.dumps({"id": i, "name": "x"}).encode(), 0, 1,
                         session) for i in range(4)]
-    for m in messages:
-        reader._delivered([m])
+    deliveries = [delivery([m]) for m in messages]
+    for d in deliveries:
+        reader._delivered(d)
     assert len(reader._held) == 4
     # When one batch is committed and the other requeued
-    first, second = build(reader, messages[:2]), build(reader, messages[2:])
+    first = reader._frame(reader._prepare(_Gathered.of(deliveries[:2])))
+    second = reader._frame(reader._prepare(_Gathered.of(deliveries[2:])))
     first.commit()
     second.requeue()
     # Then the reader holds neither (the keeper would have touched them, and every
@@ -349,14 +340,46 @@ def test_an_earlier_copy_of_a_message_delivered_again_is_no_longer_held(spark):
     reader = TopicReader(spark, "t", "c", "tcp://127.0.0.1:1", schema=SCHEMA,
                          batch_timeout=0.1)
     session = _session("tcp://b")
-    first, again, other = (Message(b"%016d" % i, b'{"id": 1, "name": "x"}', 0, attempts,
-                                   session) for i, attempts in ((1, 1), (1, 2), (2, 1)))
-    for m in (first, again, other):
-        reader._delivered([m])
+    first, again, other = (delivery([Message(b"%016d" % i, b'{"id": 1, "name": "x"}', 0,
+                                             attempts, session)])
+                           for i, attempts in ((1, 1), (1, 2), (2, 1)))
+    for d in (first, again, other):
+        reader._delivered(d)
     # When a batch is gathered, Then it has the later copy, and the reader holds only
     # what it gathered (the keeper would TOUCH the earlier copy for ever)
-    assert reader._gather(1.0) == [again, other]
+    assert reader._gather(1.0).deliveries == [again, other]
     assert sorted(map(id, reader._held.values())) == sorted(map(id, (again, other)))
+
+
+def test_an_earlier_copy_in_a_delivery_of_several_leaves_the_rest_of_it_held(spark):
+    # Given a delivery of 0, 1, 2 and a later one of 1 again (its timeout passed) and 3
+    reader = TopicReader(spark, "t", "c", "tcp://127.0.0.1:1", schema=SCHEMA,
+                         batch_timeout=0.1, dedupe_window=10)
+    session = _session("tcp://b")
+
+    def message(i: int, attempts: int = 1) -> Message:
+        return Message(b"%016d" % i, b'{"id": %d, "name": "x"}' % i, 0, attempts, session)
+
+    earlier, later = delivery([message(0), message(1), message(2)]), \
+        delivery([message(1, 2), message(3)])
+    reader._delivered(earlier)
+    reader._delivered(later)
+    # When a batch is gathered, Then it holds 0, 2 of the first and all of the second,
+    # each once, with the later copy's attempts
+    gathered = reader._gather(1.0)
+    assert [int(i) for i in gathered.ids] == [0, 2, 1, 3]
+    assert gathered.attempts() == [1, 1, 2, 1]
+    assert earlier not in gathered.deliveries
+    assert later in gathered.deliveries
+    assert sorted(map(id, reader._held.values())) == sorted(map(id, gathered.deliveries))
+    # And committing it FINs those four (the earlier copy of 1 is not answered: the
+    # broker took it back when its timeout passed)
+    batch = build(reader, gathered)
+    assert sorted(r.id for r in batch.df.collect()) == [0, 1, 2, 3]
+    batch.commit()
+    assert sorted(b"".join(session.fins)[i:i + 16] for i in range(0, 64, 16)) == \
+        [b"%016d" % i for i in range(4)]
+    assert reader._held == {}
 
 
 def test_a_cluster_found_through_a_lookup_daemon_takes_and_gives_back_every_row(
@@ -443,8 +466,8 @@ def test_a_batch_held_longer_than_the_message_timeout_is_kept_by_touching(spark,
             # (it touches each quarter of the timeout: 1.5 s after the first, and so
             # past the 2 s timeout) before its commit
             touches = []
-            touch = Message.touch
-            monkeypatch.setattr(Message, "touch", lambda m: (touches.append(m.id), touch(m)))
+            touch = Delivery.touch
+            monkeypatch.setattr(Delivery, "touch", lambda d: (touches.extend(d.ids), touch(d)))
             wait_until(lambda: len(touches) >= 5 * 50, 30, "five rounds of TOUCH")
             batch.commit()
         # Then nothing timed out and nothing came again
@@ -456,9 +479,23 @@ def test_a_batch_held_longer_than_the_message_timeout_is_kept_by_touching(spark,
         broker.stop()
 
 
-def build(reader: TopicReader, messages: list[Message]) -> Any:
-    """`messages` as the reader's next batch, made at once (no prefetch thread)."""
-    return reader._frame(reader._prepare(messages))
+def delivery(messages: list[Message]) -> Delivery:
+    """`messages` (of one session) as the consumer hands them to a reader: one delivery."""
+    return Delivery.of(columns_of([(m.id, m.timestamp, m.attempts, m.body)
+                                   for m in messages]), messages[0]._session)
+
+
+def build(reader: TopicReader, messages: list[Message] | _Gathered) -> Any:
+    """`messages` (one delivery) or a gather as the reader's next batch, made at once (no
+    prefetch thread)."""
+    gathered = messages if isinstance(messages, _Gathered) \
+        else _Gathered.of([delivery(messages)])
+    return reader._frame(reader._prepare(gathered))
+
+
+def fins(session: Any) -> int:
+    """How many ids `session` has been given to FIN."""
+    return sum(len(ids) for ids in session.fins) // 16
 
 
 def test_a_message_the_reader_committed_is_left_out_when_it_comes_again(spark):
@@ -476,7 +513,7 @@ def test_a_message_the_reader_committed_is_left_out_when_it_comes_again(spark):
     assert (again.rows, again.duplicates) == (1, 1)
     assert [r.id for r in again.df.collect()] == [3]
     again.commit()
-    assert len(session.fins) == 4  # the duplicate is FINed with its batch
+    assert fins(session) == 4  # the duplicate is FINed with its batch
     # the window holds the last two committed (2 and 3): 1 would be written again
     assert build(reader, [message(1), message(3)]).duplicates == 1
 
@@ -486,38 +523,15 @@ def test_the_dedupe_window_remembers_at_least_its_size_and_forgets_the_oldest():
 
     window = _Remembered(1000)
     for start in range(0, 5000, 100):  # batches of 100 keys, 0 .. 4999
-        window.add([("b", i) for i in range(start, start + 100)])
+        window.add({"b": list(range(start, start + 100))})  # type: ignore[dict-item]
         newest = start + 100
         # every one of the last 1,000 is remembered, and none older than 1,250 back
         assert all(("b", i) in window for i in range(max(0, newest - 1000), newest))
         assert not any(("b", i) in window for i in range(0, max(0, newest - 1250)))
-    assert window.isdisjoint([("b", 1), ("a", 4999)])
-    assert not window.isdisjoint([("b", 1), ("b", 4999)])
+    assert window.isdisjoint({"b": [1], "a": [4999]})  # type: ignore[dict-item]
+    assert not window.isdisjoint({"b": [1, 4999]})  # type: ignore[dict-item]
     assert not _Remembered(10)
-    assert _Remembered(10).isdisjoint([("b", 1)])
-
-
-def test_a_drain_spaces_the_young_garbage_collections_and_restores_them_after():
-    import gc
-
-    from transport.spark import GC_FIRST_THRESHOLD, _collections_spaced
-
-    before = gc.get_threshold()
-    try:
-        gc.set_threshold(700, 10, 10)
-        with _collections_spaced():
-            assert gc.get_threshold() == (GC_FIRST_THRESHOLD, 10, 10)
-        assert gc.get_threshold() == (700, 10, 10)
-        # a threshold someone else set meanwhile is theirs: it stays
-        with _collections_spaced():
-            gc.set_threshold(500, 10, 10)
-        assert gc.get_threshold() == (500, 10, 10)
-        # a collector switched off (threshold 0) is left off
-        gc.set_threshold(0, 10, 10)
-        with _collections_spaced():
-            assert gc.get_threshold() == (0, 10, 10)
-    finally:
-        gc.set_threshold(*before)
+    assert _Remembered(10).isdisjoint({"b": [1]})  # type: ignore[dict-item]
 
 
 def _count_prefetches(reader: TopicReader) -> threading.Semaphore:
@@ -548,7 +562,7 @@ def test_the_next_batch_is_made_while_the_caller_holds_this_one_and_deduplicated
 
     prepared = _count_prefetches(reader)
     for m in (message(1), message(2), message(2), message(3)):
-        reader._delivered([m])
+        reader._delivered(delivery([m]))
     try:
         batches = reader.batches()
         first = next(batches)
@@ -561,9 +575,9 @@ def test_the_next_batch_is_made_while_the_caller_holds_this_one_and_deduplicated
         assert (second.rows, second.duplicates) == (1, 1)
         assert [r.id for r in second.df.collect()] == [3]
         second.commit()
-        assert len(session.fins) == 4  # (the duplicate FINed with its batch)
+        assert fins(session) == 4  # (the duplicate FINed with its batch)
         # And a third is made of what comes next
-        reader._delivered([message(4)])
+        reader._delivered(delivery([message(4)]))
         assert prepared.acquire(timeout=30)
     finally:
         # When the reader closes, Then the batch made ready and not yielded is requeued
@@ -593,7 +607,7 @@ def test_a_drains_dataframes_that_never_run_leave_no_query_listener_behind(spark
     before = _observation_listeners(spark)
     prepared = _count_prefetches(reader)
     for m in (message(1), message(2), message(2), message(3)):
-        reader._delivered([m])
+        reader._delivered(delivery([m]))
     try:
         batches = reader.batches()
         for expected in ([1, 2], [3]):  # (the second remade without the redelivery)
@@ -602,7 +616,7 @@ def test_a_drains_dataframes_that_never_run_leave_no_query_listener_behind(spark
             batch._settle()  # (what the drain does after its write)
             batch.commit()
         # and a third made ready, never yielded
-        reader._delivered([message(4)])
+        reader._delivered(delivery([message(4)]))
         assert prepared.acquire(timeout=30)
         assert prepared.acquire(timeout=30)
     finally:
@@ -622,8 +636,8 @@ def test_a_next_batch_that_cannot_be_staged_is_requeued_and_its_error_raised(
                          batch_timeout=0.2, idle_timeout=None)
     session = _session("tcp://b")
     for i in range(4):
-        reader._delivered([Message(b"%016d" % i, json.dumps({"id": i, "name": "x"}).encode(),
-                                   0, 1, session)])
+        reader._delivered(delivery([Message(
+            b"%016d" % i, json.dumps({"id": i, "name": "x"}).encode(), 0, 1, session)]))
     assert reader._staging is not None
     write = reader._staging.write
     writes: list[str] = []
@@ -661,8 +675,7 @@ class _Arrivals:
         self._queue.put(m)
 
     def _seen(self, run: Any) -> Any:
-        if any(getattr(m, "id", None) == self.watched
-               for m in (run if isinstance(run, list) else [run])):
+        if self.watched in getattr(run, "ids", ()):
             self.taken.set()
         return run
 
@@ -680,8 +693,8 @@ def _fake_reader(spark: Any, watched: int, **options: Any) -> tuple[TopicReader,
     reader._arrived = _Arrivals(b"%016d" % watched)  # type: ignore[assignment]
     session = _session("tcp://b")
     for i in range(3):
-        reader._delivered([Message(b"%016d" % i, json.dumps({"id": i, "name": "x"}).encode(),
-                                   0, 1, session)])
+        reader._delivered(delivery([Message(
+            b"%016d" % i, json.dumps({"id": i, "name": "x"}).encode(), 0, 1, session)]))
     return reader, session
 
 
@@ -750,7 +763,8 @@ def test_idle_timeout_counts_from_when_the_caller_asks_not_from_the_last_yield(s
         next(batches).commit()
         assert prepared.acquire(timeout=30)  # (it came back empty after 0.5 s)
         # When a message comes, and then the caller asks for the next batch
-        reader._delivered([Message(b"%016d" % 9, b'{"id": 9, "name": "x"}', 0, 1, session)])
+        reader._delivered(delivery([Message(b"%016d" % 9, b'{"id": 9, "name": "x"}', 0, 1,
+                                            session)]))
         # Then it is a batch (the topic was not idle for 0.5 s since the caller asked)
         assert [r.id for r in next(batches).df.collect()] == [9]
     finally:
@@ -784,9 +798,9 @@ def test_a_delivery_larger_than_a_batch_is_split_over_the_batches_in_order(spark
     reader = TopicReader(spark, "t", "c", "tcp://127.0.0.1:1", schema=SCHEMA, batch_size=2,
                          batch_timeout=0.1, idle_timeout=0.1)
     session = _session("tcp://b")
-    reader._delivered([Message(b"%016d" % i, b"{}", 0, 1, session) for i in range(5)])
+    reader._delivered(delivery([Message(b"%016d" % i, b"{}", 0, 1, session) for i in range(5)]))
     # When it gathers until nothing is left, Then each batch takes the next ones in order
-    ids = [[int(m.id) for m in reader._gather()] for _ in range(4)]
+    ids = [[int(i) for i in reader._gather().ids] for _ in range(4)]
     assert ids == [[0, 1], [2, 3], [4], []]
 
 
@@ -804,7 +818,7 @@ def test_two_brokers_messages_with_the_same_id_are_two_messages(spark):
                        session)
 
     for i, session in enumerate(sessions):
-        reader._delivered([message(session, i)])
+        reader._delivered(delivery([message(session, i)]))
     # When the reader gathers a batch, Then it holds both, and commits both to their brokers
     batch = build(reader, reader._gather())
     assert (batch.rows, batch.duplicates) == (2, 0)

@@ -590,15 +590,33 @@ class Messages:
     messages: tuple[Message, ...]
 
 
-def unpack_messages(packed: bytes) -> list[tuple[bytes, int, int, bytes]]:
-    """A ``MESSAGES`` frame's messages as ``(id, timestamp, attempts, body)``; ValueError
-    for a frame that does not split into whole messages."""
-    out = []
-    head, size = _HEAD.unpack_from, _SIZE.unpack_from
+class Columns(NamedTuple):
+    """A ``MESSAGES`` frame's messages as columns, with no object a message (what a
+    consumer that answers a frame's messages together keeps: `unpack_columns`)."""
+
+    ids: list[bytes]
+    bodies: list[bytes]
+    heads: bytes
+    """Each message's timestamp and attempts, 10 bytes a message as NSQ encodes them."""
+
+    def timestamps(self) -> list[int]:
+        return [ts for ts, _ in _HEAD.iter_unpack(self.heads)]
+
+    def attempts(self) -> list[int]:
+        return [attempts for _, attempts in _HEAD.iter_unpack(self.heads)]
+
+
+def unpack_columns(packed: bytes) -> Columns:
+    """A ``MESSAGES`` frame's messages as `Columns`; ValueError for a frame that does
+    not split into whole messages."""
+    ids: list[bytes] = []
+    bodies: list[bytes] = []
+    heads: list[bytes] = []
+    size = _SIZE.unpack_from
     pos, end = 0, len(packed)
     if not end:
         raise ValueError("no messages")
-    append = out.append
+    add_id, add_body, add_head = ids.append, bodies.append, heads.append
     while pos < end:
         if end - pos < 4 + HEADER_SIZE:
             raise ValueError(f"{end - pos} bytes left at {pos}, short of a message")
@@ -606,10 +624,24 @@ def unpack_messages(packed: bytes) -> list[tuple[bytes, int, int, bytes]]:
         start, pos = pos + 4, pos + 4 + n
         if n < HEADER_SIZE or pos > end:
             raise ValueError(f"a message of {n} bytes at {start - 4} does not fit")
-        ts, attempts = head(packed, start)
-        append((packed[start + 10:start + HEADER_SIZE], ts, attempts,
-                packed[start + HEADER_SIZE:pos]))
-    return out
+        add_head(packed[start:start + 10])
+        add_id(packed[start + 10:start + HEADER_SIZE])
+        add_body(packed[start + HEADER_SIZE:pos])
+    return Columns(ids, bodies, b"".join(heads))
+
+
+def columns_of(messages: Sequence[tuple[bytes, int, int, bytes]]) -> Columns:
+    """Messages as ``(id, timestamp, attempts, body)`` (a ``MESSAGE`` reply's) as `Columns`."""
+    return Columns([m[0] for m in messages], [m[3] for m in messages],
+                   b"".join([_HEAD.pack(m[1], m[2]) for m in messages]))
+
+
+def unpack_messages(packed: bytes) -> list[tuple[bytes, int, int, bytes]]:
+    """A ``MESSAGES`` frame's messages as ``(id, timestamp, attempts, body)``; ValueError
+    for a frame that does not split into whole messages."""
+    c = unpack_columns(packed)
+    return [(i, ts, attempts, body) for i, (ts, attempts), body
+            in zip(c.ids, _HEAD.iter_unpack(c.heads), c.bodies, strict=True)]
 
 
 @frozen(slots=True)

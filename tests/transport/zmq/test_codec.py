@@ -34,6 +34,7 @@ from transport.zmq.codec import (
     PackedMessages,
     Request,
     SizedBodies,
+    columns_of,
     encode_error,
     encode_heartbeat,
     encode_identify_reply,
@@ -45,6 +46,7 @@ from transport.zmq.codec import (
     pack_bodies,
     parse_reply,
     parse_request,
+    unpack_columns,
 )
 
 MSG_ID = b"0a1b2c3d4e5f6789"
@@ -407,6 +409,21 @@ def test_packed_messages_are_each_message_after_its_size_in_one_frame() -> None:
         [(MSG_ID, 123, 1, b"body"), (b"fedcba9876543210", -5, 65535, b"x" * 70_000)])
 
 
+@FUZZ
+@given(st.lists(st.tuples(st.binary(min_size=16, max_size=16),
+                          st.integers(-2**63, 2**63 - 1), st.integers(0, 65535),
+                          st.binary(max_size=40)), min_size=1, max_size=20))
+def test_a_packed_frame_as_columns_holds_what_it_holds_as_messages(
+        messages: list[tuple[bytes, int, int, bytes]]) -> None:
+    frames = encode_packed_messages([struct.pack(">qH", ts, attempts) + i + body
+                                     for i, ts, attempts, body in messages])
+    columns = unpack_columns(frames[1])
+    assert columns == columns_of(messages)
+    assert (columns.ids, columns.timestamps(), columns.attempts(), columns.bodies) == \
+        tuple(map(list, zip(*messages, strict=True)))
+    assert parse_reply(frames) == PackedMessages(messages)
+
+
 @pytest.mark.parametrize("packed", [
     b"", b"\x00\x00", struct.pack(">I", 30) + b"x" * 29,
     struct.pack(">I", 25) + b"x" * 25, struct.pack(">I", 27) + b"x" * 27 + b"\x00"],
@@ -415,6 +432,8 @@ def test_a_malformed_packed_reply_is_a_bad_protocol_error(packed: bytes) -> None
     error = parse_reply([b"MESSAGES", packed])
     assert isinstance(error, ProtocolError), error
     assert error.code == "E_BAD_PROTOCOL"
+    with pytest.raises(ValueError, match=r"messages|short|fit"):  # (a consumer of deliveries)
+        unpack_columns(packed)
     assert parse_reply([b"MESSAGES", packed, packed]).code == "E_BAD_PROTOCOL"
 
 
