@@ -13,9 +13,9 @@ broker's gateway and workers, and this process (the consumer). Messages
 published before the channel exists wait in the topic's disk queue, so the
 read is of a backlog, as a drain's is.
 
-With ``--trees``, each round runs every listed checkout in turn (its path first
-on ``sys.path``, in a fresh interpreter), so two builds alternate in one
-sitting; ``now`` stands for this checkout.
+With ``--trees``, each round runs every listed checkout in turn (its own copy of
+this script, its path first on ``sys.path``, in a fresh interpreter), so two
+builds alternate in one sitting; ``now`` stands for this checkout.
 """
 
 from __future__ import annotations
@@ -53,9 +53,10 @@ def main() -> None:
     for r in range(a.rounds):
         for tree in a.trees.split(","):
             path = HERE if tree == "now" else os.path.abspath(tree)
-            # (this script, with the other checkout's packages first on the path)
+            # (that checkout's own copy of this script, its packages first on the path:
+            # a checkout from before a change of the consumer's API reads as it did)
             out = subprocess.run(
-                [sys.executable, os.path.abspath(__file__), f"--rows={a.rows}",
+                [sys.executable, os.path.join(path, "bench", "consume_cpu.py"), f"--rows={a.rows}",
                  f"--size={a.size}", f"--batch-size={a.batch_size}", "--rounds=1"],
                 cwd=path, env={**os.environ, "PYTHONPATH": path}, capture_output=True,
                 text=True, timeout=600, check=True).stdout.splitlines()[-1]
