@@ -793,6 +793,32 @@ def test_closing_a_reader_wakes_a_batch_waiting_for_its_first_message(spark):
     assert got == []
 
 
+@pytest.mark.parametrize("arrow", [False, True], ids=["staged for Spark", "read by Arrow"])
+def test_each_row_has_its_own_messages_id_timestamp_and_attempts_across_deliveries(
+        spark, arrow):
+    # Given a reader with metadata columns and two deliveries, from two brokers, of
+    # messages that differ in timestamp and attempts, the second cut by the batch's end
+    reader = TopicReader(spark, "t", "c", "tcp://127.0.0.1:1", schema=SCHEMA, batch_size=5,
+                         batch_timeout=0.1, metadata=True)
+    reader._arrow = arrow
+    sessions = [_session("tcp://b0"), _session("tcp://b1")]
+    for first, session in ((0, sessions[0]), (3, sessions[1])):
+        reader._delivered(delivery([
+            Message(b"%016d" % i, json.dumps({"id": i, "name": "x"}).encode(),
+                    1_000_000 * i, i + 1, session) for i in range(first, first + 3)]))
+    # When a batch is made
+    batch = build(reader, reader._gather())
+    # Then each row carries its own message's metadata (Arrow's table or Spark's rows)
+    rows = batch._framed.table.to_pylist() if arrow else \
+        [r.asDict() for r in batch.df.collect()]
+    assert (batch._framed.table is not None) is arrow
+    assert sorted((r["id"], r["_nsq_id"], r["_nsq_timestamp"], r["_nsq_attempts"])
+                  for r in rows) == [(i, f"{i:016d}", 1_000_000 * i, i + 1) for i in range(5)]
+    # And the message past the batch waits for the next one, still held
+    assert [int(i) for d in reader._left for i in d.ids] == [5]
+    assert sum(map(len, reader._held.values())) == 6
+
+
 def test_a_delivery_larger_than_a_batch_is_split_over_the_batches_in_order(spark):
     # Given a reader of batches of 2 and one delivery of 5 messages
     reader = TopicReader(spark, "t", "c", "tcp://127.0.0.1:1", schema=SCHEMA, batch_size=2,
