@@ -1020,7 +1020,7 @@ class TopicReader:
         """`taken` but for the earlier copy of a message delivered again (keyed by
         broker and id: ids are unique per broker only), which is no longer held."""
         gathered = _Gathered.of(taken)
-        if all(len(set(ids)) == len(ids) for ids in gathered.by_source().values()):
+        if all(len(set(ids)) == len(ids) for ids in gathered.by_source.values()):
             return gathered
         later: set[tuple[str | None, bytes]] = set()
         out = []
@@ -1047,7 +1047,7 @@ class TopicReader:
         for d in gathered.deliveries:
             pop(id(d), None)
         if committed and self._dedupe_window:
-            self._seen.add(gathered.by_source())
+            self._seen.add(gathered.by_source)
 
     def _prepare(self, gathered: _Gathered) -> _Prepared:
         """A batch made ready (the prefetch thread's work): each message decoded,
@@ -1181,7 +1181,7 @@ class TopicReader:
         framed = prepared.framed
         assert framed is not None
         gathered = prepared.gathered
-        if seen and not seen.isdisjoint(gathered.by_source()):
+        if seen and not seen.isdisjoint(gathered.by_source):
             ids, sources = gathered.ids, gathered.sources()
             dup = {k for k, i in enumerate(prepared.kept) if (sources[i], ids[i]) in seen}
             kept_bad = [(i, e) for i, e in bad if (sources[i], ids[i]) not in seen]
@@ -1433,8 +1433,10 @@ class _Gathered:
             out += [d.source] * len(d)
         return out
 
+    @functools.cached_property
     def by_source(self) -> dict[str | None, list[bytes]]:
-        """The ids, by the broker that sent them (ids are unique per broker only)."""
+        """The ids, by the broker that sent them (ids are unique per broker only; made
+        once: the duplicate checks and the dedupe window each need them)."""
         if len({d.source for d in self.deliveries}) <= 1:
             return {self.deliveries[0].source: self.ids} if self.deliveries else {}
         out: dict[str | None, list[bytes]] = {}
