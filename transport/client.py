@@ -37,9 +37,9 @@ FINs, REQs and TOUCHes queued from other threads wake it.  ``close()`` sends
 CLS on every session and closes the sockets once each has answered; messages
 held unfinished are best given back with ``close(requeue=...)``, whose REQs go
 only then (before, another session of the consumer could take them again).
-A broker that packs sends each batch of deliveries as one MESSAGES frame and
-takes the FIN ids of a round in one frame.  ``max_in_flight``
-is spread across the brokers as RDY.  Each delivered message goes to the
+A broker that packs sends each batch of deliveries as one MESSAGES reply (its
+messages as columns) and takes the FIN ids of a round in one frame.
+``max_in_flight`` is spread across the brokers as RDY.  Each delivered message goes to the
 handler; a handler that returns normally FINs the message (FINs are batched
 per poll round), one that raises REQs it with a backoff that grows with its
 attempts (as go-nsq does), and a long handler can call ``message.touch()``.
@@ -396,8 +396,8 @@ class Producer:
 
 def _identified(reply: Ok) -> dict[str, Any]:
     """A broker's IDENTIFY answer ({} if it has none).  ``packed_messages`` says it speaks
-    the packed forms (deliveries in a MESSAGES frame, FIN ids in one frame, PMPUB): an
-    older broker leaves it out."""
+    the packed forms (deliveries as columns in a MESSAGES reply, FIN ids in one frame,
+    PMPUB): an older broker leaves it out."""
     if not reply.payload:
         return {}
     try:
@@ -447,32 +447,33 @@ class Message:
         _touches_queued(self._session)
 
 
-class Delivery:
-    """The messages of one delivery frame, kept as columns: what a ``batches=True``
-    consumer's handler gets.  No object is made a message (a Message each cost a drain's
-    driver ~0.5 us a row to make, and more again in garbage collections while two
-    batches of them were alive), and they are answered together: ``finish()`` FINs
-    them all in one frame's worth of ids, ``requeue()`` and ``touch()`` each of them.
-    The calls may come from any thread, as a Message's.  `split` and `select` make
-    deliveries of some of its messages (the reader's batch boundaries, duplicates), to
-    be answered instead of it."""
+class Delivery(Columns):
+    """The messages of one delivery frame, kept as columns (`Columns`: ids, headers,
+    and the bodies split only when asked for): what a ``batches=True`` consumer's
+    handler gets.  No object is made a message (a Message each cost a drain's driver
+    ~0.5 us a row to make, and more again in garbage collections while two batches of
+    them were alive), and they are answered together: ``finish()`` FINs them all in one
+    frame's worth of ids, ``requeue()`` and ``touch()`` each of them.  The calls may come
+    from any thread, as a Message's.  `split` and `select` make deliveries of some of
+    its messages (the reader's batch boundaries, duplicates), to be answered instead of
+    it."""
 
-    __slots__ = ("_session", "bodies", "heads", "ids", "responded")
+    __slots__ = ("_session", "responded")
 
-    def __init__(self, ids: list[bytes], bodies: list[bytes], heads: bytes,
-                 session: _Session) -> None:
-        self.ids = ids
-        self.bodies = bodies
-        self.heads = heads  # each message's timestamp and attempts (see Columns)
+    def __init__(self, ids: list[bytes], headers: bytes, sizes: bytes, lines: bytes,
+                 bodies: list[bytes] | None = None, *, session: _Session) -> None:
+        super().__init__(ids, headers, sizes, lines, bodies)
         self._session = session
         self.responded = False
 
     @classmethod
     def of(cls, columns: Columns, session: _Session) -> Delivery:
-        return cls(columns.ids, columns.bodies, columns.heads, session)
+        return cls(columns.ids, columns.headers, columns.sizes, columns.lines,
+                   columns._bodies, session=session)
 
-    def __len__(self) -> int:
-        return len(self.ids)
+    def _like(self, ids: list[bytes], headers: bytes, sizes: bytes, lines: bytes,
+              bodies: list[bytes] | None) -> Delivery:
+        return Delivery(ids, headers, sizes, lines, bodies, session=self._session)
 
     def __repr__(self) -> str:
         return f"<Delivery of {len(self.ids)} from {self.source}>"
@@ -481,27 +482,6 @@ class Delivery:
     def source(self) -> str | None:
         """The endpoint of the broker that delivered it (see ``Message.source``)."""
         return getattr(self._session, "endpoint", None)
-
-    @property
-    def timestamps(self) -> list[int]:
-        return Columns(self.ids, self.bodies, self.heads).timestamps()
-
-    @property
-    def attempts(self) -> list[int]:
-        return Columns(self.ids, self.bodies, self.heads).attempts()
-
-    def split(self, n: int) -> tuple[Delivery, Delivery]:
-        """Its first `n` messages and the rest."""
-        head = 10 * n
-        return (Delivery(self.ids[:n], self.bodies[:n], self.heads[:head], self._session),
-                Delivery(self.ids[n:], self.bodies[n:], self.heads[head:], self._session))
-
-    def select(self, indices: Iterable[int]) -> Delivery:
-        """Its messages at `indices`, in that order."""
-        at = list(indices)
-        heads = self.heads
-        return Delivery([self.ids[i] for i in at], [self.bodies[i] for i in at],
-                        b"".join([heads[10 * i:10 * i + 10] for i in at]), self._session)
 
     def finish(self) -> None:
         if not self.responded:
@@ -652,10 +632,10 @@ class _Session:
                 frames = recv_frames(self.sock, zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if c.batches and frames[0] == b"MESSAGES" and len(frames) == 2:
+            if c.batches and frames[0] == b"MESSAGES":
                 if not self.cls_done:
                     try:
-                        columns = unpack_columns(frames[1])
+                        columns = unpack_columns(frames[1:])
                     except ValueError as e:
                         raise TimeoutError(
                             f"{self.endpoint} sent a malformed reply: {e}") from None
@@ -669,7 +649,9 @@ class _Session:
                 if c.batches:  # (MESSAGE frames: a broker that does not pack)
                     self._handle_batch(Delivery.of(columns_of(reply.messages), self))
                 else:
-                    for m in reply.messages:
+                    messages = (reply.columns.messages() if isinstance(reply, PackedMessages)
+                                else reply.messages)
+                    for m in messages:
                         self._handle(*m)
                 self._flush()
             elif isinstance(reply, ErrorReply):

@@ -948,7 +948,7 @@ class TopicReader:
         left past the last batch, else wait idle_timeout (or `first_timeout`) for a
         first delivery; then batch_timeout for the rest."""
         if self._closing.is_set():
-            return _Gathered.of([])
+            return _Gathered([])
         taken, self._left = self._left, []
         arrived, size = self._arrived, self.batch_size
         if not taken:
@@ -956,9 +956,9 @@ class TopicReader:
                 first = arrived.get(
                     timeout=self.idle_timeout if first_timeout == -1.0 else first_timeout)
             except queue.Empty:
-                return _Gathered.of([])
+                return _Gathered([])
             if first is _WAKE:
-                return _Gathered.of([])
+                return _Gathered([])
             taken = [first]
         count = sum(map(len, taken))
         deadline = time.monotonic() + self.batch_timeout
@@ -1019,7 +1019,7 @@ class TopicReader:
     def _distinct(self, taken: list[Delivery]) -> _Gathered:
         """`taken` but for the earlier copy of a message delivered again (keyed by
         broker and id: ids are unique per broker only), which is no longer held."""
-        gathered = _Gathered.of(taken)
+        gathered = _Gathered(taken)
         if all(len(set(ids)) == len(ids) for ids in gathered.by_source.values()):
             return gathered
         later: set[tuple[str | None, bytes]] = set()
@@ -1037,7 +1037,7 @@ class TopicReader:
             else:
                 self._held.pop(id(d), None)
         out.reverse()
-        return _Gathered.of(out)
+        return _Gathered(out)
 
     def _settled(self, gathered: _Gathered, committed: bool) -> None:
         """A batch FINed (`committed`) or requeued: its deliveries are no longer held (the
@@ -1100,7 +1100,7 @@ class TopicReader:
         if not kept:
             return
         if self.metadata:
-            ids, timestamps, attempts = gathered.ids, gathered.timestamps(), gathered.attempts()
+            ids, timestamps, attempts = gathered.ids, gathered.timestamps, gathered.attempts
             blob = b"\n".join([b'{"_nsq_i":%d,"_nsq_id":%b,"_nsq_timestamp":%d,'
                                 b'"_nsq_attempts":%d,"_nsq_body":%b}' % (
                                     i, orjson.dumps(ids[j].decode("ascii", "replace")),
@@ -1132,7 +1132,7 @@ class TopicReader:
         records: list[tuple[int, Any]] = []
         gathered = prepared.gathered
         if self.metadata:
-            ids, timestamps, attempts = gathered.ids, gathered.timestamps(), gathered.attempts()
+            ids, timestamps, attempts = gathered.ids, gathered.timestamps, gathered.attempts
         for i, body in enumerate(gathered.bodies):
             try:
                 value = self.decode(body)
@@ -1267,13 +1267,14 @@ class TopicReader:
         each as Spark's JSON reader would (see `_ArrowPlan`); False, and nothing done,
         where it may not.
 
-        The lines are the bodies joined as they are, not staged: if no body has a line
-        break, and each starts with ``{`` and ends with ``}``, no JSON value can span
-        two lines (a string cannot hold a raw line break, and after a ``}`` only a
-        ``,``, ``]`` or ``}`` goes on) and no line is empty, so as many rows as bodies
-        means one row a body, in order.  Otherwise a body is not one whole object
-        (Arrow's reader takes each value of a line), or is one with a line break in
-        it, and `_stage` judges the batch body by body, for Spark's reader."""
+        The lines are the bodies as the broker sent them (a line feed between two), not
+        staged: if no body has a line break, and each starts with ``{`` and ends with
+        ``}``, no JSON value can span two lines (a string cannot hold a raw line break,
+        and after a ``}`` only a ``,``, ``]`` or ``}`` goes on) and no line is empty,
+        so as many rows as bodies means one row a body, in order.  Otherwise a body is
+        not one whole object (Arrow's reader takes each value of a line), or is one
+        with a line break in it, and `_stage` judges the batch body by body, for
+        Spark's reader."""
         body = self._body_schema
         if not self._arrow or body is None:
             return False
@@ -1283,18 +1284,19 @@ class TopicReader:
         if not plan.readable:
             return False
         gathered = prepared.gathered
-        bodies = gathered.bodies
-        lines = b"\n".join(bodies)
-        if lines.count(b"\n") != len(bodies) - 1 or {b[:1] for b in bodies} != {b"{"} \
-                or {b[-1:] for b in bodies} != {b"}"}:
+        lines, n = gathered.lines, len(gathered)
+        # (as many line feeds as gaps between bodies: none holds one; and each gap is
+        # between a "}" and a "{")
+        if lines.count(b"\n") != n - 1 or lines.count(b"}\n{") != n - 1 \
+                or lines[:1] != b"{" or lines[-1:] != b"}":
             return False
         metadata = [[i.decode("ascii", "replace") for i in gathered.ids],
-                    gathered.timestamps(), gathered.attempts()] if self.metadata else []
+                    gathered.timestamps, gathered.attempts] if self.metadata else []
         zone = self.spark.conf.get("spark.sql.session.timeZone") if plan.temporal else ""
-        table = plan.read(lines, len(bodies), zone, metadata)
+        table = plan.read(lines, n, zone, metadata)
         if table is None:
             return False
-        prepared.kept = range(len(bodies))  # (no values: Spark's reader never sees this batch)
+        prepared.kept = range(n)  # (no values: Spark's reader never sees this batch)
         prepared.table = table
         return True
 
@@ -1395,36 +1397,26 @@ class _Remembered:
 _NO_IDS: frozenset[bytes] = frozenset()
 
 
-@dataclass
-class _Gathered:
+class _Gathered(Columns):
     """The deliveries gathered for a batch, and their messages as columns across them
-    (no object a message)."""
+    (no object a message; the bodies split only if asked for)."""
 
-    deliveries: list[Delivery]
-    ids: list[bytes]
-    bodies: list[bytes]
-    heads: bytes  # each message's timestamp and attempts (see Delivery)
+    __slots__ = ("_by_source", "deliveries")
 
-    @classmethod
-    def of(cls, deliveries: list[Delivery]) -> _Gathered:
-        if len(deliveries) == 1:
-            (d,) = deliveries
-            return cls(deliveries, d.ids, d.bodies, d.heads)
-        ids: list[bytes] = []
-        bodies: list[bytes] = []
-        for d in deliveries:
-            ids += d.ids
-            bodies += d.bodies
-        return cls(deliveries, ids, bodies, b"".join([d.heads for d in deliveries]))
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def timestamps(self) -> list[int]:
-        return Columns(self.ids, self.bodies, self.heads).timestamps()
-
-    def attempts(self) -> list[int]:
-        return Columns(self.ids, self.bodies, self.heads).attempts()
+    def __init__(self, deliveries: list[Delivery]) -> None:
+        parts = [d for d in deliveries if d.ids]
+        if len(parts) == 1:
+            (d,) = parts
+            super().__init__(d.ids, d.headers, d.sizes, d.lines, d._bodies)
+        else:
+            ids: list[bytes] = []
+            for d in parts:
+                ids += d.ids
+            super().__init__(ids, b"".join([d.headers for d in parts]),
+                             b"".join([d.sizes for d in parts]),
+                             b"\n".join([d.lines for d in parts]))
+        self.deliveries = deliveries
+        self._by_source: dict[str | None, list[bytes]] | None = None
 
     def sources(self) -> list[str | None]:
         """Each message's broker."""
@@ -1433,15 +1425,19 @@ class _Gathered:
             out += [d.source] * len(d)
         return out
 
-    @functools.cached_property
+    @property
     def by_source(self) -> dict[str | None, list[bytes]]:
         """The ids, by the broker that sent them (ids are unique per broker only; made
         once: the duplicate checks and the dedupe window each need them)."""
-        if len({d.source for d in self.deliveries}) <= 1:
-            return {self.deliveries[0].source: self.ids} if self.deliveries else {}
-        out: dict[str | None, list[bytes]] = {}
-        for d in self.deliveries:
-            out.setdefault(d.source, []).extend(d.ids)
+        out = self._by_source
+        if out is None:
+            if len({d.source for d in self.deliveries}) <= 1:
+                out = {self.deliveries[0].source: self.ids} if self.deliveries else {}
+            else:
+                out = {}
+                for d in self.deliveries:
+                    out.setdefault(d.source, []).extend(d.ids)
+            self._by_source = out
         return out
 
 

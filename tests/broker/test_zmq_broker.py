@@ -227,7 +227,8 @@ def _deliveries(raw: zmq.Socket, count: int) -> tuple[list, set[type]]:
             reply = parse_reply(raw.recv_multipart())
             if isinstance(reply, Messages | PackedMessages):
                 kinds.add(type(reply))
-                got += [tuple(m) for m in reply.messages]
+                got += [tuple(m) for m in (reply.columns.messages() if isinstance(
+                    reply, PackedMessages) else reply.messages)]
     return got, kinds
 
 

@@ -321,8 +321,8 @@ def test_a_batch_committed_or_requeued_is_no_longer_held(spark):
         reader._delivered(d)
     assert len(reader._held) == 4
     # When one batch is committed and the other requeued
-    first = reader._frame(reader._prepare(_Gathered.of(deliveries[:2])))
-    second = reader._frame(reader._prepare(_Gathered.of(deliveries[2:])))
+    first = reader._frame(reader._prepare(_Gathered(deliveries[:2])))
+    second = reader._frame(reader._prepare(_Gathered(deliveries[2:])))
     first.commit()
     second.requeue()
     # Then the reader holds neither (the keeper would have touched them, and every
@@ -368,7 +368,7 @@ def test_an_earlier_copy_in_a_delivery_of_several_leaves_the_rest_of_it_held(spa
     # each once, with the later copy's attempts
     gathered = reader._gather(1.0)
     assert [int(i) for i in gathered.ids] == [0, 2, 1, 3]
-    assert gathered.attempts() == [1, 1, 2, 1]
+    assert gathered.attempts == [1, 1, 2, 1]
     assert earlier not in gathered.deliveries
     assert later in gathered.deliveries
     assert sorted(map(id, reader._held.values())) == sorted(map(id, gathered.deliveries))
@@ -489,7 +489,7 @@ def build(reader: TopicReader, messages: list[Message] | _Gathered) -> Any:
     """`messages` (one delivery) or a gather as the reader's next batch, made at once (no
     prefetch thread)."""
     gathered = messages if isinstance(messages, _Gathered) \
-        else _Gathered.of([delivery(messages)])
+        else _Gathered([delivery(messages)])
     return reader._frame(reader._prepare(gathered))
 
 

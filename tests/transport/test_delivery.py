@@ -13,7 +13,12 @@ from hypothesis import strategies as st
 
 from transport.client import Delivery, _Session
 from transport.protocol import commands as pc
-from transport.zmq.codec import columns_of, encode_request
+from transport.zmq.codec import (
+    columns_of,
+    encode_packed_messages,
+    encode_request,
+    unpack_columns,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -41,8 +46,14 @@ def _session(packed: bool = True, fins_per_frame: int = 5000) -> Any:
 
 
 def _delivery(session: Any, n: int, first: int = 0) -> Delivery:
-    return Delivery.of(columns_of([(b"%016d" % i, 1000 + i, i % 7 + 1, b"body-%d" % i)
-                                   for i in range(first, first + n)]), session)
+    """As the broker packs them (the bodies not split until asked for)."""
+    frames = encode_packed_messages([struct.pack(">qH", 1000 + i, i % 7 + 1) + b"%016d" % i
+                                     + _body(i) for i in range(first, first + n)])
+    return Delivery.of(unpack_columns(frames[1:]), session)
+
+
+def _body(i: int) -> bytes:
+    return b"body-%d" % i + b"\n" * (i % 3 == 0)  # (some with a line feed)
 
 
 @given(st.integers(1, 40), st.data())
@@ -50,12 +61,15 @@ def test_a_split_or_a_selection_keeps_each_messages_timestamp_and_attempts_with_
         n: int, data: st.DataObject) -> None:
     d = _delivery(None, n)
     at = data.draw(st.integers(1, n))
+    if data.draw(st.booleans()):
+        assert len(d.bodies) == n  # (split before the delivery is, or not)
     head, tail = d.split(at)
     picked = data.draw(st.lists(st.integers(0, n - 1), min_size=1, unique=True))
     for part, indices in ((head, range(at)), (tail, range(at, n)),
                           (d.select(picked), picked)):
         assert part.ids == [b"%016d" % i for i in indices]
-        assert part.bodies == [b"body-%d" % i for i in indices]
+        assert part.bodies == [_body(i) for i in indices]
+        assert part.lines == b"\n".join(_body(i) for i in indices)
         assert part.timestamps == [1000 + i for i in indices]
         assert part.attempts == [i % 7 + 1 for i in indices]
 
@@ -110,4 +124,4 @@ def test_a_delivery_from_message_frames_has_the_columns_of_a_packed_one() -> Non
     d = Delivery.of(columns_of(messages), None)  # type: ignore[arg-type]
     assert (d.ids, d.timestamps, d.attempts, d.bodies) == \
         tuple(map(list, zip(*messages, strict=True)))
-    assert d.heads == b"".join(struct.pack(">qH", ts, a) for _, ts, a, _ in messages)
+    assert d.headers == b"".join(struct.pack(">qH", ts, a) + i for i, ts, a, _ in messages)

@@ -34,8 +34,9 @@ Replies (broker to client) are lists of frames:
   ``E_REQ_FAILED`` or ``E_TOUCH_FAILED``);
 * ``MESSAGE m1 m2 ...``: one or more deliveries batched in one multipart
   message, each frame NSQ's message encoding; or, to a session that asked
-  for ``packed_messages`` in IDENTIFY, ``MESSAGES packed``: the same
-  messages in one frame, each preceded by its size (4 bytes, big-endian);
+  for ``packed_messages`` in IDENTIFY, ``MESSAGES headers sizes lines``: the
+  same messages as columns (each one's 26-byte header, each body's size in 4
+  bytes big-endian, and the bodies with a line feed between two);
 * ``HEARTBEAT``.
 
 :func:`encode_request` and :func:`parse_reply` are the client's inverses.
@@ -45,7 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import msgpack
@@ -97,6 +98,7 @@ __all__ = [
     "CORR_MARKER",
     "MAX_CORR_SIZE",
     "PROTOCOL_VERSION",
+    "Columns",
     "ErrorReply",
     "Messages",
     "Ok",
@@ -116,7 +118,7 @@ __all__ = [
     "pack_bodies",
     "parse_reply",
     "parse_request",
-    "unpack_messages",
+    "unpack_columns",
 ]
 
 PROTOCOL_VERSION = 1
@@ -126,7 +128,7 @@ CORR_MARKER = b"#"
 MAX_CORR_SIZE = 256
 """Longest correlation frame, marker included."""
 _SIZE = struct.Struct(">I")
-_HEAD = struct.Struct(">qH")  # a message's timestamp and attempts (1.6)
+_HEADER = struct.Struct(">qH16s")  # a message's timestamp, attempts and id (1.6)
 _IDS_BY_POWER: dict[int, struct.Struct] = {}
 """By k = 0..12: the struct that reads 2**k message ids (`_split_ids`; made when first
 needed, since the largest takes a quarter of a millisecond)."""
@@ -496,10 +498,12 @@ def encode_messages(messages: Sequence[bytes]) -> list[bytes]:
 
 
 def encode_packed_messages(messages: Sequence[bytes]) -> list[bytes]:
-    """``MESSAGES packed``: the same messages in one frame, each after its size (a
-    session that asked for ``packed_messages``: one frame to send and receive, not one
-    a message)."""
-    return [b"MESSAGES", _sized(messages)]
+    """``MESSAGES headers sizes lines``: the same messages as columns (a session that
+    asked for ``packed_messages``: four frames to send and receive, not one a message;
+    a reader of JSON lines takes the bodies as they come, docs/PROTOCOL.md 1.5)."""
+    bodies = [m[HEADER_SIZE:] for m in messages]
+    return [b"MESSAGES", b"".join([m[:HEADER_SIZE] for m in messages]), _sizes_of(bodies),
+            b"\n".join(bodies)]
 
 
 _HEARTBEAT = [b"HEARTBEAT"]
@@ -590,65 +594,136 @@ class Messages:
     messages: tuple[Message, ...]
 
 
-class Columns(NamedTuple):
-    """A ``MESSAGES`` frame's messages as columns, with no object a message (what a
-    consumer that answers a frame's messages together keeps: `unpack_columns`)."""
+class Columns:
+    """A ``MESSAGES`` frame's messages as columns, with no object made a message (what a
+    consumer that answers a frame's messages together keeps): the ids, each message's
+    26-byte header, the bodies' sizes and the bodies joined by line feeds, as the frame
+    carries them (docs/PROTOCOL.md 1.5).  The bodies are split only when asked for;
+    a reader of JSON lines takes ``lines`` as they are."""
 
-    ids: list[bytes]
-    bodies: list[bytes]
-    heads: bytes
-    """Each message's timestamp and attempts, 10 bytes a message as NSQ encodes them."""
+    __slots__ = ("_bodies", "headers", "ids", "lines", "sizes")
 
+    def __init__(self, ids: list[bytes], headers: bytes, sizes: bytes, lines: bytes,
+                 bodies: list[bytes] | None = None) -> None:
+        self.ids = ids
+        self.headers = headers
+        """Each message's timestamp, attempts and id, 26 bytes a message (1.6)."""
+        self.sizes = sizes
+        """Each body's size, 4 bytes big-endian a message."""
+        self.lines = lines
+        """The bodies, one after the other with a line feed between two."""
+        self._bodies = bodies
+
+    @classmethod
+    def from_bodies(cls, headers: bytes, bodies: list[bytes]) -> Columns:
+        """Columns of messages whose headers and bodies are known."""
+        return cls(_ids_in(headers), headers, _sizes_of(bodies), b"\n".join(bodies), bodies)
+
+    def _like(self, ids: list[bytes], headers: bytes, sizes: bytes, lines: bytes,
+              bodies: list[bytes] | None) -> Any:
+        return Columns(ids, headers, sizes, lines, bodies)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Columns) and (self.headers, self.sizes, self.lines) == (
+            other.headers, other.sizes, other.lines)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @property
+    def bodies(self) -> list[bytes]:
+        bodies = self._bodies
+        if bodies is None:
+            bodies = self._bodies = _split_lines(self.lines, self.sizes)
+        return bodies
+
+    @property
     def timestamps(self) -> list[int]:
-        return [ts for ts, _ in _HEAD.iter_unpack(self.heads)]
+        return [ts for ts, _, _ in _HEADER.iter_unpack(self.headers)]
 
+    @property
     def attempts(self) -> list[int]:
-        return [attempts for _, attempts in _HEAD.iter_unpack(self.heads)]
+        return [attempts for _, attempts, _ in _HEADER.iter_unpack(self.headers)]
+
+    def split(self, n: int) -> tuple[Any, Any]:
+        """Its first `n` messages and the rest."""
+        if n <= 0 or n >= len(self.ids):
+            empty = self._like([], b"", b"", b"", [])
+            return (empty, self) if n <= 0 else (self, empty)
+        cut = sum(struct.unpack_from(f">{n}I", self.sizes)) + n  # (just past the nth line)
+        bodies = self._bodies
+        h, s, lines = HEADER_SIZE * n, 4 * n, self.lines
+        return (self._like(self.ids[:n], self.headers[:h], self.sizes[:s], lines[:cut - 1],
+                           None if bodies is None else bodies[:n]),
+                self._like(self.ids[n:], self.headers[h:], self.sizes[s:], lines[cut:],
+                           None if bodies is None else bodies[n:]))
+
+    def select(self, indices: Iterable[int]) -> Any:
+        """Its messages at `indices`, in that order."""
+        at = list(indices)
+        bodies, headers = self.bodies, self.headers
+        picked = [bodies[i] for i in at]
+        return self._like([self.ids[i] for i in at],
+                          b"".join([headers[HEADER_SIZE * i:HEADER_SIZE * (i + 1)] for i in at]),
+                          _sizes_of(picked), b"\n".join(picked), picked)
+
+    def messages(self) -> list[tuple[bytes, int, int, bytes]]:
+        """Its messages as ``(id, timestamp, attempts, body)``."""
+        return [(i, ts, attempts, body) for (ts, attempts, i), body
+                in zip(_HEADER.iter_unpack(self.headers), self.bodies, strict=True)]
 
 
-def unpack_columns(packed: bytes) -> Columns:
-    """A ``MESSAGES`` frame's messages as `Columns`; ValueError for a frame that does
-    not split into whole messages."""
-    ids: list[bytes] = []
-    bodies: list[bytes] = []
-    heads: list[bytes] = []
-    size = _SIZE.unpack_from
-    pos, end = 0, len(packed)
-    if not end:
-        raise ValueError("no messages")
-    add_id, add_body, add_head = ids.append, bodies.append, heads.append
-    while pos < end:
-        if end - pos < 4 + HEADER_SIZE:
-            raise ValueError(f"{end - pos} bytes left at {pos}, short of a message")
-        (n,) = size(packed, pos)
-        start, pos = pos + 4, pos + 4 + n
-        if n < HEADER_SIZE or pos > end:
-            raise ValueError(f"a message of {n} bytes at {start - 4} does not fit")
-        add_head(packed[start:start + 10])
-        add_id(packed[start + 10:start + HEADER_SIZE])
-        add_body(packed[start + HEADER_SIZE:pos])
-    return Columns(ids, bodies, b"".join(heads))
+def _ids_in(headers: bytes) -> list[bytes]:
+    return [headers[i:i + MSG_ID_LENGTH] for i in range(10, len(headers), HEADER_SIZE)]
+
+
+def _sizes_of(bodies: Sequence[bytes]) -> bytes:
+    return struct.pack(f">{len(bodies)}I", *map(len, bodies))
+
+
+def _split_lines(lines: bytes, sizes: bytes) -> list[bytes]:
+    """The bodies `lines` joins, by their `sizes` (checked by `unpack_columns`)."""
+    n = len(sizes) // 4
+    lengths = struct.unpack(f">{n}I", sizes)
+    if lines.count(b"\n") == n - 1:  # (no body holds a line feed: split in C)
+        bodies = lines.split(b"\n")
+        if tuple(map(len, bodies)) == lengths:
+            return bodies
+    bodies, pos = [], 0
+    for size in lengths:
+        bodies.append(lines[pos:pos + size])
+        pos += size + 1
+    return bodies
+
+
+def unpack_columns(frames: Sequence[bytes]) -> Columns:
+    """A ``MESSAGES`` reply's frames after its kind (headers, sizes, lines) as `Columns`;
+    ValueError if they do not describe the same messages."""
+    if len(frames) != 3:
+        raise ValueError(f"{len(frames)} frames, not headers, sizes and lines")
+    headers, sizes, lines = frames
+    n, rest = divmod(len(headers), HEADER_SIZE)
+    if not n or rest or len(sizes) != 4 * n:
+        raise ValueError(f"{len(headers)} bytes of headers and {len(sizes)} of sizes "
+                         "are not those of the same messages")
+    if sum(struct.unpack(f">{n}I", sizes)) + n - 1 != len(lines):
+        raise ValueError(f"{len(lines)} bytes of lines are not {n} bodies of those sizes")
+    return Columns(_ids_in(headers), headers, sizes, lines)
 
 
 def columns_of(messages: Sequence[tuple[bytes, int, int, bytes]]) -> Columns:
     """Messages as ``(id, timestamp, attempts, body)`` (a ``MESSAGE`` reply's) as `Columns`."""
-    return Columns([m[0] for m in messages], [m[3] for m in messages],
-                   b"".join([_HEAD.pack(m[1], m[2]) for m in messages]))
-
-
-def unpack_messages(packed: bytes) -> list[tuple[bytes, int, int, bytes]]:
-    """A ``MESSAGES`` frame's messages as ``(id, timestamp, attempts, body)``; ValueError
-    for a frame that does not split into whole messages."""
-    c = unpack_columns(packed)
-    return [(i, ts, attempts, body) for i, (ts, attempts), body
-            in zip(c.ids, _HEAD.iter_unpack(c.heads), c.bodies, strict=True)]
+    return Columns.from_bodies(b"".join([_HEADER.pack(m[1], m[2], m[0]) for m in messages]),
+                      [m[3] for m in messages])
 
 
 @frozen(slots=True)
 class PackedMessages:
-    """``MESSAGES``: one or more deliveries in one frame (see :func:`unpack_messages`)."""
+    """``MESSAGES``: one or more deliveries as columns (see :func:`unpack_columns`)."""
 
-    messages: list[tuple[bytes, int, int, bytes]]
+    columns: Columns
 
 
 Reply = Ok | ErrorReply | Messages | PackedMessages | Heartbeat
@@ -670,9 +745,9 @@ def parse_reply(frames: Sequence[bytes]) -> Reply | ProtocolError:
             return Messages(tuple(decode_message(m) for m in frames[1:]))
         except ValueError as e:
             return ProtocolError("E_BAD_PROTOCOL", f"bad MESSAGE frame: {e}")
-    if corr is None and kind == b"MESSAGES" and len(frames) == 2:
+    if corr is None and kind == b"MESSAGES":
         try:
-            return PackedMessages(unpack_messages(frames[1]))
+            return PackedMessages(unpack_columns(frames[1:]))
         except ValueError as e:
             return ProtocolError("E_BAD_PROTOCOL", f"bad MESSAGES frame: {e}")
     if corr is None and kind == b"HEARTBEAT" and len(frames) == 1:

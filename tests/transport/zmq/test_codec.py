@@ -399,49 +399,58 @@ def test_every_reply_round_trips_through_the_client_parser() -> None:
     assert parse_reply(encode_heartbeat()) == Heartbeat()
 
 
-def test_packed_messages_are_each_message_after_its_size_in_one_frame() -> None:
+def test_packed_messages_are_headers_sizes_and_bodies_a_line_each() -> None:
     raw = struct.pack(">qH", 123, 1) + MSG_ID + b"body"
-    other = struct.pack(">qH", -5, 65535) + b"fedcba9876543210" + b"x" * 70_000
+    other = struct.pack(">qH", -5, 65535) + b"fedcba9876543210" + b"x\n" * 35_000
     frames = encode_packed_messages([raw, other])
-    assert frames == [b"MESSAGES", struct.pack(">I", len(raw)) + raw
-                      + struct.pack(">I", len(other)) + other]
-    assert parse_reply(frames) == PackedMessages(
-        [(MSG_ID, 123, 1, b"body"), (b"fedcba9876543210", -5, 65535, b"x" * 70_000)])
+    assert frames == [b"MESSAGES", raw[:26] + other[:26], struct.pack(">2I", 4, 70_000),
+                      b"body\n" + b"x\n" * 35_000]
+    reply = parse_reply(frames)
+    assert isinstance(reply, PackedMessages)
+    assert reply.columns.messages() == [
+        (MSG_ID, 123, 1, b"body"), (b"fedcba9876543210", -5, 65535, b"x\n" * 35_000)]
 
 
 @FUZZ
 @given(st.lists(st.tuples(st.binary(min_size=16, max_size=16),
                           st.integers(-2**63, 2**63 - 1), st.integers(0, 65535),
                           st.binary(max_size=40)), min_size=1, max_size=20))
-def test_a_packed_frame_as_columns_holds_what_it_holds_as_messages(
+def test_a_packed_reply_as_columns_holds_what_it_holds_as_messages(
         messages: list[tuple[bytes, int, int, bytes]]) -> None:
     frames = encode_packed_messages([struct.pack(">qH", ts, attempts) + i + body
                                      for i, ts, attempts, body in messages])
-    columns = unpack_columns(frames[1])
+    columns = unpack_columns(frames[1:])
     assert columns == columns_of(messages)
-    assert (columns.ids, columns.timestamps(), columns.attempts(), columns.bodies) == \
+    assert (columns.ids, columns.timestamps, columns.attempts, columns.bodies) == \
         tuple(map(list, zip(*messages, strict=True)))
-    assert parse_reply(frames) == PackedMessages(messages)
+    assert columns.lines == b"\n".join(m[3] for m in messages)
+    assert parse_reply(frames) == PackedMessages(columns_of(messages))
 
 
-@pytest.mark.parametrize("packed", [
-    b"", b"\x00\x00", struct.pack(">I", 30) + b"x" * 29,
-    struct.pack(">I", 25) + b"x" * 25, struct.pack(">I", 27) + b"x" * 27 + b"\x00"],
-    ids=["empty", "short size", "cut short", "shorter than a header", "a stray byte"])
-def test_a_malformed_packed_reply_is_a_bad_protocol_error(packed: bytes) -> None:
-    error = parse_reply([b"MESSAGES", packed])
+@pytest.mark.parametrize("frames", [
+    [], [b""] * 3, [b"x" * 26, b"\x00\x00\x00", b""], [b"x" * 25, b"\x00" * 4, b""],
+    [b"x" * 26, struct.pack(">I", 3), b"ab"], [b"x" * 52, struct.pack(">2I", 1, 1), b"a\nbc"],
+    [b"x" * 26, b"\x00" * 4, b"", b""]],
+    ids=["no frames", "empty", "short sizes", "short header", "short lines", "long lines",
+         "a stray frame"])
+def test_a_malformed_packed_reply_is_a_bad_protocol_error(frames: list[bytes]) -> None:
+    error = parse_reply([b"MESSAGES", *frames])
     assert isinstance(error, ProtocolError), error
     assert error.code == "E_BAD_PROTOCOL"
-    with pytest.raises(ValueError, match=r"messages|short|fit"):  # (a consumer of deliveries)
-        unpack_columns(packed)
-    assert parse_reply([b"MESSAGES", packed, packed]).code == "E_BAD_PROTOCOL"
+    with pytest.raises(ValueError, match=r"frames|headers|lines"):  # (a consumer of deliveries)
+        unpack_columns(frames)
 
 
 @FUZZ
-@given(st.binary(max_size=120))
-def test_an_arbitrary_packed_frame_is_messages_or_a_bad_protocol_error(packed: bytes) -> None:
-    reply = parse_reply([b"MESSAGES", packed])
+@given(st.lists(st.binary(max_size=60), max_size=4))
+def test_an_arbitrary_packed_reply_is_messages_or_a_bad_protocol_error(
+        frames: list[bytes]) -> None:
+    reply = parse_reply([b"MESSAGES", *frames])
     assert isinstance(reply, PackedMessages | ProtocolError)
+    if isinstance(reply, PackedMessages):  # (and then its bodies have the sizes it says)
+        columns = reply.columns
+        assert [len(b) for b in columns.bodies] == list(
+            struct.unpack(f">{len(columns)}I", columns.sizes))
 
 
 @pytest.mark.parametrize(
