@@ -1020,7 +1020,7 @@ class TopicReader:
         """`taken` but for the earlier copy of a message delivered again (keyed by
         broker and id: ids are unique per broker only), which is no longer held."""
         gathered = _Gathered(taken)
-        if all(len(set(ids)) == len(ids) for ids in gathered.by_source.values()):
+        if sum(map(len, gathered.by_source.values())) == len(gathered):
             return gathered
         later: set[tuple[str | None, bytes]] = set()
         out = []
@@ -1373,12 +1373,12 @@ class _Remembered:
         source, msg_id = key
         return any(msg_id in generation.get(source, ()) for generation in self._generations)
 
-    def isdisjoint(self, ids_by_source: Mapping[str | None, list[bytes]]) -> bool:
+    def isdisjoint(self, ids_by_source: Mapping[str | None, set[bytes]]) -> bool:
         return all(generation.get(source, _NO_IDS).isdisjoint(ids)
                    for generation in self._generations
                    for source, ids in ids_by_source.items())
 
-    def add(self, ids_by_source: Mapping[str | None, list[bytes]]) -> None:
+    def add(self, ids_by_source: Mapping[str | None, set[bytes]]) -> None:
         newest = self._generations[-1]
         for source, ids in ids_by_source.items():
             held = newest.setdefault(source, set())
@@ -1416,7 +1416,7 @@ class _Gathered(Columns):
                              b"".join([d.sizes for d in parts]),
                              b"\n".join([d.lines for d in parts]))
         self.deliveries = deliveries
-        self._by_source: dict[str | None, list[bytes]] | None = None
+        self._by_source: dict[str | None, set[bytes]] | None = None
 
     def sources(self) -> list[str | None]:
         """Each message's broker."""
@@ -1426,17 +1426,18 @@ class _Gathered(Columns):
         return out
 
     @property
-    def by_source(self) -> dict[str | None, list[bytes]]:
-        """The ids, by the broker that sent them (ids are unique per broker only; made
-        once: the duplicate checks and the dedupe window each need them)."""
+    def by_source(self) -> dict[str | None, set[bytes]]:
+        """The ids as sets, by the broker that sent them (ids are unique per broker only;
+        made once: the duplicate check and the dedupe window's check and add each take
+        them, a set's hashes made once, and set to set in C)."""
         out = self._by_source
         if out is None:
             if len({d.source for d in self.deliveries}) <= 1:
-                out = {self.deliveries[0].source: self.ids} if self.deliveries else {}
+                out = {self.deliveries[0].source: set(self.ids)} if self.deliveries else {}
             else:
                 out = {}
                 for d in self.deliveries:
-                    out.setdefault(d.source, []).extend(d.ids)
+                    out.setdefault(d.source, set()).update(d.ids)
             self._by_source = out
         return out
 
