@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from actors.broker.channel_state import DELAYED, MIN_SHARE, ChannelState
+from actors.broker.channel_state import DELAYED, MIN_SHARE, ROOMY_SHARE, ChannelState
 from actors.broker.errors import BrokerError
 from actors.broker.nsq_message import (
     FIRST_ATTEMPT,
@@ -77,24 +77,39 @@ def test_ready_clients_share_a_batch_equally_as_runs():
         assert run == sent[start : start + 1000]
 
 
-def test_many_ready_clients_take_runs_of_at_least_min_share_not_slivers():
-    # Given 40 clients with room for 2500 each (a drain's sessions) and a read of 512
-    ch = channel(mem_queue_size=10_000, rng=random.Random(5))
+def test_many_ready_clients_take_runs_of_a_fifth_of_their_rdy_not_slivers():
+    # Given 40 clients with room for 2500 each (a drain's sessions) and a read of 4096
+    ch = channel(mem_queue_size=100_000, rng=random.Random(5))
     for i in range(40):
         ch.subscribe(f"c{i}", 60 * SECOND)
         ch.set_rdy(f"c{i}", 2500)
-    ch.put(msgs(512))
+    ch.put(msgs(4096))
     got = deliver(ch)
-    # Then it goes out as 4 runs of 128 (an even split was 40 runs of 13: a frame and
-    # a FIN frame each), to clients picked at random
-    assert sorted(len(v) for v in got.values()) == [MIN_SHARE] * (512 // MIN_SHARE)
-    assert sum(len(v) for v in got.values()) == 512
-    # And a later read goes to others as well: over many, every client gets some
-    for k in range(1, 150):
-        ch.put(msgs(512, start=512 * k))
+    # Then it goes out as runs of 500 (a fifth of their RDY), the last taking the 96
+    # that would be left too (an even split was 40 runs of 102: a frame and a FIN frame
+    # each), to clients picked at random
+    assert sorted(len(v) for v in got.values()) == [2500 // ROOMY_SHARE] * 7 + [596]
+    # And a read smaller than a fifth of a RDY goes to one client, not as slivers
+    ch.put(msgs(300, start=4096))
+    assert [len(v) for v in deliver(ch).values()] == [300]
+    # And later reads go to others as well: over many, every client gets some
+    for k in range(1, 60):
+        ch.put(msgs(4096, start=10_000 * k))
         for name, run in deliver(ch).items():
             got.setdefault(name, []).extend(run)
+        for name in list(got):  # (each finishes what it got, so it has room again)
+            ch.finish(name, [m[10:26] for m in got[name]])
+            got[name] = []
     assert len(got) == 40
+
+
+def test_clients_of_a_small_rdy_still_take_runs_of_at_least_min_share():
+    ch = channel(mem_queue_size=10_000, rng=random.Random(7))
+    for i in range(10):
+        ch.subscribe(f"c{i}", 60 * SECOND)
+        ch.set_rdy(f"c{i}", 200)
+    ch.put(msgs(512))
+    assert sorted(len(v) for v in deliver(ch).values()) == [MIN_SHARE] * 4
 
 
 def test_a_client_with_less_room_takes_what_fits_and_the_others_the_rest():
