@@ -176,8 +176,12 @@ def to_json(row: Any) -> bytes:
     # a NaN, a None inside a value, or "null" inside a string, and the row goes the
     # stdlib's way below, as do what orjson refuses (ints past 64 bits, keys that are
     # not strings) and bad rows (to be refused with the stdlib's reason)
+    # (a Row's dict made here, as ``asDict`` makes it, rather than in a call back from
+    # orjson: 1.6 us a row of two fields against 1.9)
+    fields = getattr(row, "__fields__", None) if type(row) is t.Row else None
+    value = row if fields is None else dict(zip(fields, row, strict=False))
     try:
-        out = orjson.dumps(row, default=_shallow, option=_ORJSON)
+        out = orjson.dumps(value, default=_shallow, option=_ORJSON)
     except TypeError:
         pass
     else:

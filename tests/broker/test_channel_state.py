@@ -77,12 +77,18 @@ def test_ready_clients_share_a_batch_equally_as_runs():
         assert run == sent[start : start + 1000]
 
 
+def ready_clients(n: int, rdy: int, seed: int) -> ChannelState:
+    """A channel with `n` clients subscribed, each with RDY `rdy`."""
+    ch = channel(mem_queue_size=100_000, rng=random.Random(seed))
+    for i in range(n):
+        ch.subscribe(f"c{i}", 60 * SECOND)
+        ch.set_rdy(f"c{i}", rdy)
+    return ch
+
+
 def test_many_ready_clients_take_runs_of_a_fifth_of_their_rdy_not_slivers():
     # Given 40 clients with room for 2500 each (a drain's sessions) and a read of 4096
-    ch = channel(mem_queue_size=100_000, rng=random.Random(5))
-    for i in range(40):
-        ch.subscribe(f"c{i}", 60 * SECOND)
-        ch.set_rdy(f"c{i}", 2500)
+    ch = ready_clients(40, 2500, seed=5)
     ch.put(msgs(4096))
     got = deliver(ch)
     # Then it goes out as runs of 500 (a fifth of their RDY), the last taking the 96
@@ -104,10 +110,7 @@ def test_many_ready_clients_take_runs_of_a_fifth_of_their_rdy_not_slivers():
 
 
 def test_clients_of_a_small_rdy_still_take_runs_of_at_least_min_share():
-    ch = channel(mem_queue_size=10_000, rng=random.Random(7))
-    for i in range(10):
-        ch.subscribe(f"c{i}", 60 * SECOND)
-        ch.set_rdy(f"c{i}", 200)
+    ch = ready_clients(10, 200, seed=7)
     ch.put(msgs(512))
     assert sorted(len(v) for v in deliver(ch).values()) == [MIN_SHARE] * 4
 
