@@ -129,9 +129,9 @@ MAX_CORR_SIZE = 256
 """Longest correlation frame, marker included."""
 _SIZE = struct.Struct(">I")
 _HEADER = struct.Struct(">qH16s")  # a message's timestamp, attempts and id (1.6)
-_IDS_BY_POWER: dict[int, struct.Struct] = {}
-"""By k = 0..12: the struct that reads 2**k message ids (`_split_ids`; made when first
-needed, since the largest takes a quarter of a millisecond)."""
+_READERS: dict[tuple[str, int], struct.Struct] = {}
+"""By (item, k) for k = 0..12: the struct that reads an item's field 2**k times (`_fields`;
+made when first needed, since the largest takes a quarter of a millisecond)."""
 
 _DEFAULT_LIMITS = Limits()
 _DEFAULT_SERVER = ServerInfo()
@@ -376,21 +376,27 @@ def _fin(args: Sequence[bytes], _limits: Limits, _server: ServerInfo) -> Command
 
 
 def _split_ids(frame: bytes) -> list[bytes]:
-    """The message ids one after the other in `frame` (a multiple of their length), read
-    by at most 13 cached structs, one per bit of their number: in C, where a slice each
-    cost ~7 times as much."""
-    n = len(frame) // MSG_ID_LENGTH
-    ids: list[bytes] = []
+    """The message ids one after the other in `frame` (a multiple of their length)."""
+    return _fields(frame, f"{MSG_ID_LENGTH}s", MSG_ID_LENGTH)
+
+
+def _fields(frame: bytes, item: str, size: int) -> list[bytes]:
+    """A field of each `size`-byte item one after the other in `frame` (`item` its
+    struct format: ``16s`` an id, ``10x16s`` a header's id), read by at most 13 cached
+    structs, one per bit of their number: in C, where a slice each cost ~7 times as
+    much."""
+    n = len(frame) // size
+    out: list[bytes] = []
     at = 0
     for k in range(min(n.bit_length(), 13) - 1, -1, -1):
-        reader = _IDS_BY_POWER.get(k)
+        reader = _READERS.get((item, k))
         if reader is None:
-            reader = _IDS_BY_POWER[k] = struct.Struct(f"{MSG_ID_LENGTH}s" * (1 << k))
+            reader = _READERS[item, k] = struct.Struct(item * (1 << k))
         while n >= 1 << k:
-            ids += reader.unpack_from(frame, at)
+            out += reader.unpack_from(frame, at)
             at += reader.size
             n -= 1 << k
-    return ids
+    return out
 
 
 def _req(args: Sequence[bytes], limits: Limits, _server: ServerInfo) -> Command:
@@ -676,7 +682,7 @@ class Columns:
 
 
 def _ids_in(headers: bytes) -> list[bytes]:
-    return [headers[i:i + MSG_ID_LENGTH] for i in range(10, len(headers), HEADER_SIZE)]
+    return _fields(headers, f"10x{MSG_ID_LENGTH}s", HEADER_SIZE)
 
 
 def _sizes_of(bodies: Sequence[bytes]) -> bytes:
