@@ -60,16 +60,18 @@ def _body(i: int) -> bytes:
 def test_a_split_or_a_selection_keeps_each_messages_timestamp_and_attempts_with_it(
         n: int, data: st.DataObject) -> None:
     d = _delivery(None, n)
-    at = data.draw(st.integers(1, n))
+    at = data.draw(st.integers(0, n))
     if data.draw(st.booleans()):
         assert len(d.bodies) == n  # (split before the delivery is, or not)
     head, tail = d.split(at)
-    picked = data.draw(st.lists(st.integers(0, n - 1), min_size=1, unique=True))
+    assert all(part is not d for part in (head, tail))  # (held and answered instead of it)
+    picked = data.draw(st.lists(st.integers(0, n - 1), unique=True))
     for part, indices in ((head, range(at)), (tail, range(at, n)),
                           (d.select(picked), picked)):
         assert part.ids == [b"%016d" % i for i in indices]
         assert part.bodies == [_body(i) for i in indices]
         assert part.lines == b"\n".join(_body(i) for i in indices)
+        assert part.sizes == b"".join(struct.pack(">I", len(_body(i))) for i in indices)
         assert part.timestamps == [1000 + i for i in indices]
         assert part.attempts == [i % 7 + 1 for i in indices]
 

@@ -654,16 +654,19 @@ class Columns:
         return [attempts for _, attempts, _ in _HEADER.iter_unpack(self.headers)]
 
     def split(self, n: int) -> tuple[Any, Any]:
-        """Its first `n` messages and the rest."""
-        if n <= 0 or n >= len(self.ids):
-            empty = self._like([], b"", b"", b"", [])
-            return (empty, self) if n <= 0 else (self, empty)
-        cut = sum(struct.unpack_from(f">{n}I", self.sizes)) + n  # (just past the nth line)
+        """Its first `n` messages and the rest (each a new one, either may be empty)."""
+        n = max(0, min(n, len(self.ids)))
+        lines = self.lines
+        if n == 0 or n == len(self.ids):
+            first, rest = (b"", lines) if n == 0 else (lines, b"")
+        else:  # (the nth line feed, just past the nth body, goes with neither)
+            cut = sum(struct.unpack_from(f">{n}I", self.sizes)) + n
+            first, rest = lines[:cut - 1], lines[cut:]
         bodies = self._bodies
-        h, s, lines = HEADER_SIZE * n, 4 * n, self.lines
-        return (self._like(self.ids[:n], self.headers[:h], self.sizes[:s], lines[:cut - 1],
+        h, s = HEADER_SIZE * n, 4 * n
+        return (self._like(self.ids[:n], self.headers[:h], self.sizes[:s], first,
                            None if bodies is None else bodies[:n]),
-                self._like(self.ids[n:], self.headers[h:], self.sizes[s:], lines[cut:],
+                self._like(self.ids[n:], self.headers[h:], self.sizes[s:], rest,
                            None if bodies is None else bodies[n:]))
 
     def select(self, indices: Iterable[int]) -> Any:
