@@ -457,7 +457,8 @@ class ChannelState:
 
         The hottest code of the broker.  Each ready client, in a random order,
         takes its share of the ready messages (an equal part, but at least
-        ``MIN_SHARE``; at most its room) as one run, with no per-message choice;
+        ``MIN_SHARE``, or up to a fifth of its RDY where an equal part is less; at most
+        its room) as one run, with no per-message choice;
         with ``max_attempts`` every message is looked at (dead letters), one random
         pick each.
         """
