@@ -676,13 +676,17 @@ class Batch:
     df: Any
     rows: int
     bad: list[BadMessage]
-    deliveries: list[Delivery] = field(repr=False)  # its messages, as the brokers sent them
+    _gathered: _Gathered = field(repr=False)  # its messages, as the brokers sent them
     committed: bool = False
     duplicates: int = 0
     # (the reader's: the messages are no longer held, and, committed, are remembered)
     _on_settled: Callable[[_Gathered, bool], None] | None = field(default=None, repr=False)
-    _gathered: _Gathered | None = field(default=None, repr=False)
     _framed: _Framed | None = field(default=None, repr=False)  # its Spark side
+
+    @property
+    def deliveries(self) -> list[Delivery]:
+        """Its messages, as the brokers delivered them."""
+        return self._gathered.deliveries
 
     def _release(self) -> None:
         """Free the batch's staged file, if it has one."""
@@ -698,13 +702,13 @@ class Batch:
         for d in self.deliveries:
             d.finish()
         self.committed = True
-        if self._on_settled is not None and self._gathered is not None:
+        if self._on_settled is not None:
             self._on_settled(self._gathered, True)
 
     def requeue(self) -> None:
         for d in self.deliveries:
             d.requeue(0)
-        if self._on_settled is not None and self._gathered is not None:
+        if self._on_settled is not None:
             self._on_settled(self._gathered, False)
 
 
@@ -1201,8 +1205,8 @@ class TopicReader:
                 prepared.framed = framed
         out = [BadMessage(gathered.ids[i], gathered.bodies[i], error)
                for i, error in bad] + framed.bad
-        return Batch(framed.df, framed.rows, out, gathered.deliveries, duplicates=duplicates,
-                     _on_settled=self._settled, _gathered=gathered, _framed=framed)
+        return Batch(framed.df, framed.rows, out, gathered, duplicates=duplicates,
+                     _on_settled=self._settled, _framed=framed)
 
     def _spark_side(self, prepared: _Prepared, dup: set[int]) -> _Framed:
         """The batch's DataFrame, leaving out the messages at `dup` in ``kept``."""
