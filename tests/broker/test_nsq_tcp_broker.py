@@ -12,6 +12,7 @@ from actors.broker import Broker
 from tests.broker.conftest import broker_options
 from tests.broker.test_broker_actors import wait_for
 from tests.broker.tls_kit import Client
+from transport.nsq.client_codec import Response
 from transport.protocol import commands as pc
 
 pytestmark = pytest.mark.timeout(90)
@@ -49,6 +50,32 @@ def test_pub_sub_fin_over_nsq_tcp(broker):
             sub.send(pc.Fin((m.id,)))
         wait_for(lambda: broker.topic_stats("tcp_t")["channels"][0]["in_flight_count"] == 0,
                  what="all finished")
+    finally:
+        pub.close()
+        sub.close()
+
+
+def test_large_mpubs_in_one_write_arrive_whole(broker):
+    # Given a subscriber, and two MPUBs of 100 messages of 1,000 B (each over 64 KiB:
+    # split into views of the read buffer) and a PUB, written at once
+    pub, sub = Conn(broker), Conn(broker)
+    try:
+        sub.send(pc.Sub("tcp_big", "c"))
+        assert sub.frames(1)
+        sub.send(pc.Rdy(500))
+        wait_for(lambda: broker.topic_stats("tcp_big")["channels"], what="channel")
+        first = [bytes([i]) * 1000 for i in range(100)]
+        second = [bytes([i]) * 999 + b"!" for i in range(100)]
+        pub.sock.sendall(pub.codec.send(pc.Mpub("tcp_big", tuple(first)))
+                         + pub.codec.send(pc.Mpub("tcp_big", tuple(second)))
+                         + pub.codec.send(pc.Pub("tcp_big", b"after")))
+        assert pub.frames(3) == [Response(b"OK")] * 3
+        # Then the subscriber gets every message as it was published
+        got: list[pc.Message] = []
+        while len(got) < 201:
+            got.extend(f for f in sub.frames(1) if isinstance(f, pc.Message))
+        assert sorted(m.body for m in got) == sorted([*first, *second, b"after"])
+        sub.send(pc.Fin(tuple(m.id for m in got)))
     finally:
         pub.close()
         sub.close()

@@ -123,8 +123,9 @@ FRAME_TYPE_ERROR = 1
 FRAME_TYPE_MESSAGE = 2
 
 _SPLIT_IN_PLACE = 64 * 1024
-"""An MPUB body of at least this many bytes is split straight out of the read buffer
-(`split_mpub_view`); a smaller one is copied out first, which is faster for it."""
+"""An MPUB body of at least this many bytes is split into views of the read buffer,
+which the decoder lets go of (`split_mpub_view`); a smaller one is copied out and split
+into bytes, which is faster for it."""
 
 
 class Sentinel(Enum):
@@ -404,10 +405,11 @@ class ServerConnection:
                 self._pos = self._scan = end
                 self._phase = _Phase.LINE
                 if self._body_size >= _SPLIT_IN_PLACE and self._body_name == "MPUB":
-                    with memoryview(buf) as view, view[start:end] as part:
-                        bodies = split_mpub_view(part, self.limits)
+                    body = self._let_go(start, end)
+                    bodies = split_mpub_view(body, self.limits)
                     if bodies is not None:
                         return Mpub(self._topic, bodies)
+                    return self._finish_body(body.tobytes())  # (which names the fault)
                 return self._finish_body(bytes(buf[start:end]))
             elif phase is _Phase.MAGIC:
                 if len(buf) - self._pos < 4:
@@ -419,6 +421,18 @@ class ServerConnection:
                 self._phase = _Phase.LINE
             else:  # pragma: no cover - CLOSED is handled by next_event
                 return CLOSED
+
+    def _let_go(self, start: int, end: int) -> memoryview:
+        """Bytes `start`:`end` of the buffer (all parsed), as a view of memory this
+        decoder will not write to again: the buffer itself, the bytes after them moved
+        to a new one, where those are the fewer; else a copy."""
+        buf = self._buf
+        if len(buf) - end > end - start:
+            with memoryview(buf) as view, view[start:end] as part:
+                return memoryview(part.tobytes())
+        self._buf = buf[end:]
+        self._pos = self._scan = 0
+        return memoryview(buf)[start:end]
 
     def _expect_body(self, name: str, topic: str = "", delay: int = 0) -> None:
         self._body_name, self._topic, self._delay = name, topic, delay

@@ -8,7 +8,9 @@ decoders produce these small frozen dataclasses and both client encoders
 consume them, so the broker handles one set of types whatever the wire
 (dispatch with ``match``).  Names and ids stay as the wire had them: topic
 and channel names as ``str`` (ASCII, already validated), message ids and
-bodies as ``bytes``.
+bodies as ``bytes`` (a large MPUB's bodies as read-only ``memoryview`` s of
+the read buffer its decoder let go of: bytes-like, copied once where they
+are encoded).
 
 :class:`Fin` carries a tuple of ids: one per V2 line, any number per
 ZeroMQ request, so the broker's FIN path is batched either way.  Delivered
@@ -96,7 +98,8 @@ class Mpub:
     over ZeroMQ, with a tag."""
 
     topic: str
-    bodies: tuple[bytes, ...]  # (a client's may be a codec.SizedBodies: sent as it is)
+    bodies: tuple[bytes, ...]  # (a client's may be a codec.SizedBodies: sent as it is;
+    # a decoder's may be read-only views: the module docstring)
     tag: str = ""
 
 

@@ -628,35 +628,39 @@ def test_mpub_split_fast_path_agrees_with_the_checked_split(body: bytes) -> None
 @settings(max_examples=400, deadline=None)
 @given(body=mpub_bodies())
 def test_mpub_split_of_a_read_buffer_agrees_with_the_split_of_bytes(body: bytes) -> None:
-    # Given such a body still in a read buffer, between other bytes
+    # Given such a body in a buffer, between other bytes
     limits = Limits(max_msg_size=10, max_body_size=200)
     buf = bytearray(b"head" + body + b"tail")
-    with memoryview(buf) as view, view[4:4 + len(body)] as part:
-        got = split_mpub_view(part, limits)
-    # Then it gives the same bodies, as bytes, or None where the split of bytes raises
+    got = split_mpub_view(memoryview(buf)[4:4 + len(body)], limits)
+    # Then it gives the same bodies, as read-only views, or None where the split of
+    # bytes raises
     try:
         want: tuple[bytes, ...] | None = split_mpub_body(body, limits)
     except ProtocolError:
         want = None
     assert got == want
-    assert all(type(b) is bytes for b in got or ())
-    buf += b"more"  # and no view of the buffer is left (it could not grow)
+    assert all(type(b) is memoryview and b.readonly for b in got or ())
 
 
 def test_a_large_mpub_is_split_out_of_the_read_buffer_and_the_stream_goes_on() -> None:
-    # Given an MPUB of 200 messages of 1 KiB (split in place: over 64 KiB) arriving in
-    # pieces, with the commands after it
+    # Given MPUBs of 200 messages of 1 KiB (split in place: over 64 KiB) arriving in
+    # pieces, with commands after them, two MPUBs in one read
     bodies = tuple(bytes([i]) * 1024 for i in range(200))
     body = size(200) + b"".join(size(len(b)) + b for b in bodies)
-    stream = MAGIC + b"MPUB big\n" + size(len(body)) + body + b"NOP\nPUB t\n" + size(2) + b"ok"
+    mpub = b"MPUB big\n" + size(len(body)) + body
+    first = MAGIC + mpub + b"NOP\nPUB t\n" + size(2) + b"ok"
+    pieces = [first[i:i + 7000] for i in range(0, len(first), 7000)]
     conn = ServerConnection()
     events: list[object] = []
-    for i in range(0, len(stream), 7000):
-        conn.receive_data(stream[i:i + 7000])  # (the buffer is cut and grown each time)
+    for piece in [*pieces, mpub + mpub + b"NOP\n"]:
+        conn.receive_data(piece)  # (the buffer is cut and grown each time)
         events += conn.next_events()
-    # Then the messages come out whole, as bytes, and so does what followed
-    assert events == [Mpub("big", bodies), Nop(), Pub("t", b"ok")]
-    assert all(type(b) is bytes for b in events[0].bodies)  # type: ignore[attr-defined]
+    # Then the messages come out whole, and so does what followed; each message is a
+    # read-only view that later reads did not change
+    assert events == [Mpub("big", bodies), Nop(), Pub("t", b"ok"), Mpub("big", bodies),
+                      Mpub("big", bodies), Nop()]
+    mpubs = [e for e in events if type(e) is Mpub]
+    assert all(type(b) is memoryview and b.readonly for e in mpubs for b in e.bodies)
 
 
 def test_a_large_mpub_with_a_bad_message_gets_nsqds_error() -> None:
