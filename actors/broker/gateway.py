@@ -387,7 +387,7 @@ class TcpConnection(_SessionConnection):
             self.error(error)
 
     def respond_oks(self, corrs: list[bytes | None]) -> None:
-        self.server.send(self.session, nsq_codec.OK_FRAME * len(corrs))
+        self.server.answer(self.session, nsq_codec.OK_FRAME * len(corrs))
 
     def error(self, error: Any) -> None:
         self.server.send(self.session, nsq_codec.encode_error(

@@ -637,6 +637,7 @@ class LoopServer:
         self._out: list[tuple[BaseConn, Any]] = []  # bytes, None (close), tuple (hand-off)
         self._out_lock = threading.Lock()
         self._out_scheduled = False
+        self._out_plain = True  # nothing but bytes is queued
         self._loop_thread = threading.get_ident()  # (the shared loop's: this one)
         self._stopped = False
 
@@ -712,16 +713,33 @@ class LoopServer:
         if conn is not None:
             self._post(conn, data)
 
-    def _post(self, conn: BaseConn, data: Any) -> None:
+    def answer(self, session: str, data: bytes) -> None:
+        """:meth:`send` an answer its client waits for before it sends more (a publish's
+        OK): on the loop's own thread, at once, with the writes queued before it, not
+        at the end of the loop's turn, so that what the client sends next comes in
+        while the turn goes on (NSQ's bench_writer has one MPUB in flight a
+        connection: its PUB+SUB ran 13-15 % faster)."""
+        conn = self.conns.get(session)
+        if conn is not None:
+            self._post(conn, data, at_once=True)
+
+    def _post(self, conn: BaseConn, data: Any, at_once: bool = False) -> None:
         """Queue a write (``None``: a close; a tuple: a hand-off) for the loop; wake it
         only if no wake-up is already pending (the self-pipe write of
         ``call_soon_threadsafe`` was a tenth of the gateway's dispatcher under load, one
-        per delivery batch and answer)."""
+        per delivery batch and answer).  `at_once`: flush now if on the loop's thread
+        and only writes are queued."""
         with self._out_lock:
             self._out.append((conn, data))
-            if self._out_scheduled:
-                return
-            self._out_scheduled = True
+            self._out_plain = self._out_plain and type(data) is bytes
+            at_once = at_once and self._out_plain and self._on_loop_thread()
+            if not at_once:
+                if self._out_scheduled:
+                    return
+                self._out_scheduled = True
+        if at_once:
+            self._flush_out()
+            return
         try:
             if self._on_loop_thread():
                 self.loop.call_soon(self._flush_out)
@@ -736,6 +754,7 @@ class LoopServer:
         with self._out_lock:
             out, self._out = self._out, []
             self._out_scheduled = False
+            self._out_plain = True
         # Consecutive writes to one connection go out as one (one send syscall)
         parts: list[bytes] = []
         last: BaseConn | None = None

@@ -102,6 +102,46 @@ def test_a_server_with_no_address_made_on_a_running_loop_serves_on_that_loop():
         loop.close()
 
 
+def test_an_answer_on_the_loops_thread_goes_out_at_once_after_what_was_queued():
+    # Given a server on this thread's running loop, and writes queued in a loop turn
+    loop = asyncio.new_event_loop()
+
+    async def made() -> LoopServer:
+        return LoopServer(None, 0, handler=None, make_conn=None)
+
+    try:
+        server = loop.run_until_complete(made())
+        a, b = FakeConn("a"), FakeConn("b")
+        server.conns.update(a=a, b=b)
+        seen: dict[str, list[object]] = {}
+
+        async def turn() -> None:
+            server.send("b", b"delivery")
+            server.answer("a", b"OK")  # (a publish's answer)
+            # Then, within the turn, it is written, after what was queued before it
+            seen["in the turn"] = [list(a.events), list(b.events)]
+            server.send("b", b"later")
+            server.drop("b")
+            server.answer("a", b"OK2")  # (a close is queued: this one waits for the turn)
+            seen["behind a close"] = [list(a.events), list(b.events)]
+            await asyncio.sleep(0)
+
+        loop.run_until_complete(turn())
+        assert seen["in the turn"] == [[b"OK"], [b"delivery"]]
+        assert seen["behind a close"] == seen["in the turn"]
+        assert a.events == [b"OK", b"OK2"]
+        assert b.events == [b"delivery", b"later", "closed"]
+        # and from another thread an answer is queued for the loop, as any write
+        other = threading.Thread(target=server.answer, args=("a", b"OK3"))
+        other.start()
+        other.join()
+        assert a.events == [b"OK", b"OK2"]
+        loop.run_until_complete(asyncio.sleep(0))
+        assert a.events[-1] == b"OK3"
+    finally:
+        loop.close()
+
+
 def test_a_server_with_an_address_keeps_its_own_thread_even_on_a_running_loop():
     loop = asyncio.new_event_loop()
 
