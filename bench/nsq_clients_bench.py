@@ -21,8 +21,10 @@ as the rounds allow), and runs three cases with NSQ v1.3.0's
 * **PUB+SUB**: both at once on a fresh topic, started together by
   ``--deadline``; the lower of the two rates is the case's figure (both printed),
   with the CPU each side used over the middle half of the run (the broker's
-  processes together, the writer, the reader, the machine's idle) and the
-  broker's CPU a message: where a broker spends its cores, not only how fast.
+  processes together, the writer, the reader, the machine's idle), the
+  broker's CPU a message, and how much of a core the broker's busiest thread
+  ran and waited in the kernel's run queue: where a broker spends its cores,
+  not only how fast (ours does its work on one thread).
 
 It prints each run, then per case the median of the rounds and the ratio of
 each broker to the first one listed (medians of per-round ratios, since the
@@ -145,7 +147,9 @@ def _cpu_during(broker: Broker, clients: list[subprocess.Popen[bytes]], begin: f
                 runfor: float) -> dict[str, float] | None:
     """The cores each side used over the middle of a run that starts at `begin` (epoch
     seconds): the broker's processes together, the writer, the reader, and the machine's
-    idle; None if a process could not be read."""
+    idle; and the broker's busiest thread's share of a core running and waiting in the
+    kernel's run queue (ready, and preempted or not yet placed); None if a process could
+    not be read."""
     def busy(processes: list[psutil.Process]) -> float:
         return sum(sum(p.cpu_times()[:2]) for p in processes)
 
@@ -154,13 +158,36 @@ def _cpu_during(broker: Broker, clients: list[subprocess.Popen[bytes]], begin: f
         mine = broker.processes()
         sides = [mine, [psutil.Process(clients[0].pid)], [psutil.Process(clients[1].pid)]]
         before, idle, t0 = [busy(s) for s in sides], psutil.cpu_times().idle, time.monotonic()
+        threads = _schedstats(mine)
         time.sleep(max(0.1, runfor / 2))
         after, idle2, t1 = [busy(s) for s in sides], psutil.cpu_times().idle, time.monotonic()
+        threads2 = _schedstats(mine)
     except psutil.Error:
         return None
-    cores = [(a - b) / (t1 - t0) for a, b in zip(after, before, strict=True)]
+    span = t1 - t0
+    cores = [(a - b) / span for a, b in zip(after, before, strict=True)]
+    # (ns on a CPU, ns waiting for one) of each thread seen both times
+    ran = [(r - threads[k][0], w - threads[k][1]) for k, (r, w) in threads2.items()
+           if k in threads]
+    run, wait = max(ran, default=(0, 0))
     return {"broker": cores[0], "writer": cores[1], "reader": cores[2],
-            "idle": (idle2 - idle) / (t1 - t0)}
+            "idle": (idle2 - idle) / span, "thread_run": run / 1e9 / span,
+            "thread_wait": wait / 1e9 / span}
+
+
+def _schedstats(processes: list[psutil.Process]) -> dict[tuple[int, int], tuple[int, int]]:
+    """(pid, thread id) -> (ns run, ns waited on a run queue), from /proc's schedstat
+    (empty where the kernel does not keep it)."""
+    out = {}
+    for p in processes:
+        for t in p.threads():
+            try:
+                with open(f"/proc/{p.pid}/task/{t.id}/schedstat") as f:
+                    run, wait = f.read().split()[:2]
+            except (OSError, ValueError):
+                continue
+            out[(p.pid, t.id)] = (int(run), int(wait))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -203,7 +230,9 @@ def main(argv: list[str] | None = None) -> int:
                             other += (f"; CPU: broker {cpu['broker']:.2f} cores "
                                       f"({cpu['us_a_message']:.1f} us a message), writer "
                                       f"{cpu['writer']:.2f}, reader {cpu['reader']:.2f}, idle "
-                                      f"{cpu['idle']:.2f}")
+                                      f"{cpu['idle']:.2f}; its busiest thread ran "
+                                      f"{cpu['thread_run']:.2f}, waited for a CPU "
+                                      f"{cpu['thread_wait']:.2f}")
                         print(f"  {size:>5} B round {rnd} {name:<12} {case:<8} {lo:>10,.0f} "
                               f"msgs/s{mark if case == 'SUB' else ''}{other}", flush=True)
         print(f"== {size} B: median msgs/s, and the median of per-round ratios to {brokers[0]}")
@@ -218,7 +247,9 @@ def main(argv: list[str] | None = None) -> int:
             print("  PUB+SUB CPU, medians: " + " | ".join(
                 f"{name} {statistics.median(c['broker'] for c in runs_):.2f} cores, "
                 f"{statistics.median(c['us_a_message'] for c in runs_):.1f} us a message, "
-                f"idle {statistics.median(c['idle'] for c in runs_):.2f}"
+                f"idle {statistics.median(c['idle'] for c in runs_):.2f}, busiest thread "
+                f"{statistics.median(c['thread_run'] for c in runs_):.2f} running and "
+                f"{statistics.median(c['thread_wait'] for c in runs_):.2f} waiting for a CPU"
                 for name, runs_ in cpus.items()))
         sys.stdout.flush()
     return 0
