@@ -48,7 +48,6 @@ import json
 import struct
 from collections.abc import Callable, Iterable
 from enum import Enum, auto
-from itertools import repeat
 
 from transport.protocol.commands import (
     Auth,
@@ -174,14 +173,28 @@ def encode_messages(messages: Iterable[bytes]) -> bytes:
 
     Heads and messages interleaved in one join: each message is copied once
     (``head + m`` first would copy it twice; 3x slower at 1 KiB).  The heads are
-    packed by ``map`` (a fifth faster than a comprehension at 100 B).
+    looked up by size, :data:`_MESSAGE_HEADS` (83 against 183 ns a message at 100 B
+    where each was packed).
     """
     messages = list(messages)
     parts: list[bytes] = [b""] * (2 * len(messages))
-    parts[::2] = map(_FRAME_HEAD.pack, map(_FRAME_EXTRA.__add__, map(len, messages)),
-                     repeat(FRAME_TYPE_MESSAGE))
+    parts[::2] = map(_MESSAGE_HEADS.__getitem__, map(len, messages))
     parts[1::2] = messages
     return b"".join(parts)
+
+
+class _Heads(dict[int, bytes]):
+    """A message frame's 8-byte head by the size of the message it frames, made when
+    first asked for (up to 4,096 sizes kept: a topic's messages have few)."""
+
+    def __missing__(self, size: int) -> bytes:
+        if len(self) >= 4096:
+            self.clear()
+        head = self[size] = _FRAME_HEAD.pack(size + _FRAME_EXTRA, FRAME_TYPE_MESSAGE)
+        return head
+
+
+_MESSAGE_HEADS = _Heads()
 
 
 def encode_identify_response(event: Identify) -> bytes:

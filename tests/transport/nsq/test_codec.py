@@ -393,6 +393,14 @@ def test_frames_are_size_type_and_data() -> None:
     )
 
 
+def test_message_frames_of_many_sizes_have_each_its_own_head() -> None:
+    # Given runs of messages of more sizes than the heads kept by size (4,096)
+    for sizes in (range(26, 5000), [30, 31, 30, 26], range(9000, 4000, -7)):
+        messages = [bytes([n % 251]) * n for n in sizes]
+        # Then each frame is the message's own, whatever heads were kept before
+        assert encode_messages(messages) == b"".join(map(encode_message, messages))
+
+
 def test_server_send_error_closes_only_for_fatal_errors() -> None:
     conn = ServerConnection(SMALL)
     conn.send_error(ProtocolError("E_FIN_FAILED", f"FIN {MSG_ID.decode()} failed ID not in flight"))
