@@ -725,7 +725,7 @@ def unpack_columns(frames: Sequence[bytes]) -> Columns:
 def columns_of(messages: Sequence[tuple[bytes, int, int, bytes]]) -> Columns:
     """Messages as ``(id, timestamp, attempts, body)`` (a ``MESSAGE`` reply's) as `Columns`."""
     return Columns.from_bodies(b"".join([_HEADER.pack(m[1], m[2], m[0]) for m in messages]),
-                      [m[3] for m in messages])
+                               [m[3] for m in messages])
 
 
 @frozen(slots=True)
