@@ -6,7 +6,7 @@ import shutil
 import tempfile
 from collections import deque
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -166,3 +166,65 @@ TestPlainQueue = PlainQueueModel.TestCase
 TestPlainQueue.settings = SETTINGS
 TestAckQueue = AckQueueModel.TestCase
 TestAckQueue.settings = SETTINGS
+
+
+@st.composite
+def _runs_and_acks(draw: st.DrawFn) -> tuple[list[list[int]], list[list[int]]]:
+    """Runs of ascending positions (gaps between and within them), and ack lists: stretches
+    of consecutive handed-out positions (across runs too), shuffled picks, repeats and
+    positions never handed out."""
+    runs, at = [], draw(st.integers(0, 5))
+    for _ in range(draw(st.integers(1, 8))):
+        run = []
+        for _ in range(draw(st.integers(1, 12))):
+            at += draw(st.integers(1, 3))
+            run.append(at)
+        runs.append(run)
+        at += draw(st.integers(1, 5))
+    every = [p for run in runs for p in run]
+    acks = []
+    for _ in range(draw(st.integers(0, 10))):
+        kind = draw(st.sampled_from(["stretch", "picks", "strangers"]))
+        if kind == "stretch":
+            i = draw(st.integers(0, len(every) - 1))
+            acks.append(every[i : i + draw(st.integers(1, 30))])
+        elif kind == "picks":
+            acks.append(draw(st.lists(st.sampled_from(every), max_size=15)))
+        else:
+            acks.append(draw(st.lists(st.integers(0, at + 5), max_size=5)))
+    return runs, acks
+
+
+@given(_runs_and_acks(), st.data())
+@settings(max_examples=300, deadline=None, derandomize=True)
+def test_runs_ack_as_a_set_of_pending_positions_would(case, data) -> None:
+    """`_Runs` (ack mode's bookkeeping by runs and stretches) against a set: what each ack
+    finishes, what stays pending, the floor, and the positions acked above it."""
+    runs, acks = case
+    model = dq_mod._Runs()
+    pending: set[int] = set()
+    base_of: dict[int, int] = {}
+    order: list[int] = []
+    for run in runs:
+        skipped = data.draw(st.booleans()) and len(runs) > 1 and bool(order)
+        model.add(list(run), 100 + run[0], pending=not skipped)
+        if not skipped:
+            pending.update(run)
+        order += run
+        base_of.update({p: 100 + run[0] + i for i, p in enumerate(run)})
+    live = list(order)  # from the floor on, in read order
+    for ack in acks:
+        expected = []
+        for p in ack:
+            if p in pending:
+                pending.discard(p)
+                expected.append(p)
+        assert model.ack(list(ack)) == expected
+        while live and live[0] not in pending:
+            live.pop(0)
+        assert model.pending == len(pending)
+        assert model.floor() == ((live[0], base_of[live[0]]) if live else None)
+        assert model.total - model.pending == len([p for p in live if p not in pending])
+        assert model.acked_early() == [p for p in live if p not in pending]
+        assert all(model.is_pending(p) == (p in pending) for p in [*order, -1, order[-1] + 1])
+    assert bool(model) == bool(live)
