@@ -10,6 +10,11 @@ Systems and cases (per message size):
   ``sync_every=2500``, ``sync_timeout=2.0``): ``put`` (one message per call),
   ``put_many`` (batches of 200), ``get`` (one per call, draining what ``put``
   wrote), ``get_many(200)`` (draining what ``put_many`` wrote).
+* ``dqack``: ``storage.DiskQueue`` in ack mode (a channel's queue):
+  ``put_many`` as above, then ``read_ack``: what a channel's consumers do to
+  a backlog -- ``read_many(4096)``, and each read acked in FINs of 1,000
+  once ~50,000 are handed out (the oldest read first), so the acks meet that
+  many pending positions.
 * ``queuelib``: ``queuelib.FifoDiskQueue`` with its defaults (never fsyncs;
   head/tail saved only on close): ``push``, ``pop``.  Measured on
   ``--queuelib-messages`` (default: the same count as DiskQueue).
@@ -58,6 +63,7 @@ POOL = 256
 SYSTEMS = ("dq", "queuelib", "pq")
 SYSTEM_NAMES = {
     "dq": "DiskQueue",
+    "dqack": "DiskQueue (ack mode)",
     "queuelib": "queuelib FifoDiskQueue",
     "pq": "persist-queue Queue",
 }
@@ -67,6 +73,7 @@ PAIRS = (
     ("queuelib", "push", "pop"),
     ("pq", "put", "get"),
     ("dq", "put_many", "get_many"),
+    ("dqack", "put_many", "read_ack"),
 )
 ALL_CASES = tuple(f"{s}.{c}" for s, w, r in PAIRS for c in (w, r))
 # DiskQueue case -> the comparable case of each peer.
@@ -225,8 +232,48 @@ class PQAdapter:
                 f.close()
 
 
+class DQAckAdapter(DQAdapter):
+    """`storage.DiskQueue` in ack mode, otherwise with default settings."""
+
+    READ = 4096  # a read's limit
+    FIN = 1000  # positions an ack_many
+    HANDED_OUT = 50_000  # reads are acked once this many more are handed out
+
+    def __init__(self, path: str) -> None:
+        from storage import DiskQueue
+
+        self.q = DiskQueue("bench", path, ack_mode=True)
+
+    def read(self, case: str, n: int) -> tuple[float, int, bytes | None, bytes | None]:
+        read_many, ack_many = self.q.read_many, self.q.ack_many
+        held: list[list[int]] = []
+        out: list[tuple[int, bytes]] = []
+        got = handed = 0
+        first = None
+        t0 = time.perf_counter()
+        while got < n:
+            out = read_many(self.READ)
+            if not out:
+                break
+            if got == 0:
+                first = out[0][1]
+            got += len(out)
+            held.append([p for p, _ in out])
+            handed += len(out)
+            while held and (handed > self.HANDED_OUT or got >= n):
+                run = held.pop(0)
+                handed -= len(run)
+                for i in range(0, len(run), self.FIN):
+                    ack_many(run[i : i + self.FIN])
+        dt = time.perf_counter() - t0
+        if self.q.pending():
+            raise RuntimeError(f"dqack.read_ack: {self.q.pending()} left pending")
+        return dt, got, first, out[-1][1] if out else None
+
+
 ADAPTERS: dict[str, Callable[[str], Any]] = {
     "dq": DQAdapter,
+    "dqack": DQAckAdapter,
     "queuelib": QueuelibAdapter,
     "pq": PQAdapter,
 }
@@ -340,7 +387,7 @@ def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     by = {(r["system"], r["case"], r["size"]): r for r in rows}
     out = []
     for r in rows:
-        if r["system"] != "dq":
+        if r["case"] not in COMPARE or r["system"] != "dq":
             continue
         for peer, pcase in COMPARE[r["case"]].items():
             p = by.get((peer, pcase, r["size"]))
@@ -423,7 +470,8 @@ def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     command = shlex.join([os.path.basename(sys.executable), "-m", "bench.storage_bench",
                           *(sys.argv[1:] if argv is None else argv)])
-    counts = {"dq": a.messages, "queuelib": a.queuelib_messages, "pq": a.peer_messages}
+    counts = {"dq": a.messages, "dqack": a.messages, "queuelib": a.queuelib_messages,
+              "pq": a.peer_messages}
     machine = {
         "cpu": cpu_model(), "cores": os.cpu_count(),
         "python": f"{platform.python_implementation()} {platform.python_version()}",
