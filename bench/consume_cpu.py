@@ -1,7 +1,7 @@
 """Where a ZeroMQ-consumed row's CPU goes: per process, in microseconds a row.
 
     python -m bench.consume_cpu [--rows 300000] [--size 100] [--rounds 2]
-                                [--batch-size 50000] [--trees A,B]
+                                [--batch-size 50000] [--trees A,B] [--channel-first]
 
 Starts a broker in this process tree (a temporary data dir, ports chosen by the
 OS), publishes ``--rows`` JSON bodies of about ``--size`` bytes to a fresh topic
@@ -11,7 +11,10 @@ back, two batches in flight over one session per 2,500 of them, each batch
 FINed as a whole. It prints rows/s and the CPU each process spent a row: the
 broker's gateway and workers, and this process (the consumer). Messages
 published before the channel exists wait in the topic's disk queue, so the
-read is of a backlog, as a drain's is.
+read is of a backlog, as a drain's is; the topic hands it on to the channel,
+whose disk queue takes what its memory cannot (written and read a second
+time).  ``--channel-first`` makes the channel before publishing: the backlog
+is then the channel's own, written once.
 
 With ``--trees``, each round runs every listed checkout in turn (its own copy of
 this script, its path first on ``sys.path``, in a fresh interpreter), so two
@@ -29,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 import psutil
 
@@ -43,12 +47,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=50_000)
     ap.add_argument("--trees", default="", help="checkouts to alternate, e.g. /work/prev,now")
+    ap.add_argument("--channel-first", action="store_true",
+                    help="make the channel before publishing (the backlog is the channel's)")
     a = ap.parse_args()
     print(f"consume_cpu: {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d %H:%M')}, "
-          f"{a.rows} rows of ~{a.size} B, batches of {a.batch_size}; load {os.getloadavg()}")
+          f"{a.rows} rows of ~{a.size} B, batches of {a.batch_size}"
+          f"{', the channel first' if a.channel_first else ''}; load {os.getloadavg()}")
     if not a.trees:
         for r in range(a.rounds):
-            print(f"round {r}: {_run(a.rows, a.size, a.batch_size)}", flush=True)
+            print(f"round {r}: {_run(a.rows, a.size, a.batch_size, a.channel_first)}",
+                  flush=True)
         return
     for r in range(a.rounds):
         for tree in a.trees.split(","):
@@ -57,13 +65,14 @@ def main() -> None:
             # a checkout from before a change of the consumer's API reads as it did)
             out = subprocess.run(
                 [sys.executable, os.path.join(path, "bench", "consume_cpu.py"), f"--rows={a.rows}",
-                 f"--size={a.size}", f"--batch-size={a.batch_size}", "--rounds=1"],
+                 f"--size={a.size}", f"--batch-size={a.batch_size}", "--rounds=1",
+                 *(["--channel-first"] if a.channel_first else [])],
                 cwd=path, env={**os.environ, "PYTHONPATH": path}, capture_output=True,
                 text=True, timeout=600, check=True).stdout.splitlines()[-1]
             print(f"round {r} {tree}: {out.partition(': ')[2]}", flush=True)
 
 
-def _run(rows: int, size: int, batch_size: int) -> str:
+def _run(rows: int, size: int, batch_size: int, channel_first: bool = False) -> str:
     from actors.broker import Broker
     from actors.broker.options import BrokerOptions, run_dir_for
     from actors.runtime import ControlClient
@@ -83,6 +92,11 @@ def _run(rows: int, size: int, batch_size: int) -> str:
                      if p["pid"] and p["name"] != "supervisor"}
         procs = {name: psutil.Process(pid) for pid, name in names.items()}
         procs["consumer"] = psutil.Process()
+        if channel_first:
+            for path in ("/topic/create?topic=consume", "/channel/create?topic=consume&channel=c"):
+                urllib.request.urlopen(urllib.request.Request(
+                    f"http://127.0.0.1:{broker.http_port}{path}", method="POST"),
+                    timeout=10).read()
         with Producer(broker.zmq_endpoint) as producer:
             for i in range(0, rows, 16_000):
                 producer.publish_batch("consume", bodies[i:i + 16_000], 2000)
