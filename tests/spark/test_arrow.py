@@ -298,6 +298,25 @@ def test_a_batch_arrow_does_not_take_comes_back_whole_through_spark(spark, broke
     assert "'oops' is not a number" in bad.error
 
 
+def test_a_batch_read_in_blocks_on_arrows_threads_is_every_line_in_order(monkeypatch):
+    # Given blocks far smaller than the batch, and a line longer than a block
+    monkeypatch.setattr(spark_module, "ARROW_BLOCK", 64)
+    plan = _ArrowPlan.of(t.StructType([t.StructField("id", t.LongType()),
+                                       t.StructField("s", t.StringType())]), False, "3.5.0")
+    bodies = [json.dumps({"id": i, "s": "x" * (i % 7)}).encode() for i in range(2_000)]
+    bodies[1_234] = json.dumps({"id": 1_234, "s": "y" * 500}).encode()
+    lines = b"\n".join(bodies)
+    # When the batch is read knowing its longest line
+    table = plan.read(lines, len(bodies), "UTC", longest=max(map(len, bodies)))
+    # Then it is one row a line, in order, the long one whole
+    assert table is not None
+    assert table.column("id").to_pylist() == list(range(2_000))
+    assert table.column("s").to_pylist()[1_234] == "y" * 500
+    # and told a shorter longest line than there is, it is refused (Spark's reader
+    # then reads the batch), never read wrong
+    assert plan.read(lines, len(bodies), "UTC", longest=10) is None
+
+
 def test_a_table_file_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     # Given a write that fails part way (a full disk)
     table = _ArrowPlan.of(t.StructType([t.StructField("id", t.LongType())]), False, "3.5.0").read(
