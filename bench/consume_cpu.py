@@ -76,7 +76,7 @@ def _run(rows: int, size: int, batch_size: int, channel_first: bool = False) -> 
     from actors.broker import Broker
     from actors.broker.options import BrokerOptions, run_dir_for
     from actors.runtime import ControlClient
-    from transport.client import Consumer, Delivery, Producer
+    from transport.client import Producer
     from transport.spark import to_json
 
     tmp = tempfile.mkdtemp(prefix="consumecpu", dir="/tmp")
@@ -100,31 +100,40 @@ def _run(rows: int, size: int, batch_size: int, channel_first: bool = False) -> 
         with Producer(broker.zmq_endpoint) as producer:
             for i in range(0, rows, 16_000):
                 producer.publish_batch("consume", bodies[i:i + 16_000], 2000)
-        got: queue.SimpleQueue[Delivery] = queue.SimpleQueue()
-        consumer = Consumer("consume", "c", got.put, broker.zmq_endpoint,
-                            max_in_flight=2 * batch_size, auto_finish=False, batches=True,
-                            msg_timeout_ms=120_000,
-                            connections_per_broker=-(-2 * batch_size // 2500))
         before = {k: sum(p.cpu_times()[:2]) for k, p in procs.items()}
-        t = time.perf_counter()
-        consumer.start()
-        try:
-            done, batch, size = 0, [], 0
-            while done < rows:
-                batch.append(got.get(timeout=30))
-                size += len(batch[-1])
-                if size >= min(batch_size, rows - done):
-                    for d in batch:
-                        d.finish()
-                    done += size
-                    batch, size = [], 0
-            elapsed = time.perf_counter() - t
-            after = {k: sum(p.cpu_times()[:2]) for k, p in procs.items()}
-        finally:
-            consumer.close()
+        elapsed = consume(broker.zmq_endpoint, "consume", "c", rows, batch_size)
+        after = {k: sum(p.cpu_times()[:2]) for k, p in procs.items()}
     shutil.rmtree(tmp, ignore_errors=True)
     cpu = "  ".join(f"{k} {(after[k] - before[k]) / rows * 1e6:.2f}" for k in sorted(procs))
     return f"{rows / elapsed:,.0f} rows/s; us a row: {cpu}"
+
+
+def consume(endpoint: str, topic: str, channel: str, rows: int, batch_size: int) -> float:
+    """Read `rows` messages of `topic`/`channel` as the drain's reader does, without
+    Spark: a Consumer with FIN held back, room for two batches in flight over one
+    session per 2,500 of them, each batch FINed as a whole.  Returns the seconds from
+    the consumer's start to the last batch's FIN."""
+    from transport.client import Consumer, Delivery
+
+    got: queue.SimpleQueue[Delivery] = queue.SimpleQueue()
+    consumer = Consumer(topic, channel, got.put, endpoint, max_in_flight=2 * batch_size,
+                        auto_finish=False, batches=True, msg_timeout_ms=120_000,
+                        connections_per_broker=-(-2 * batch_size // 2500))
+    t = time.perf_counter()
+    consumer.start()
+    try:
+        done = 0
+        while done < rows:
+            batch, size = [], 0  # (a batch: deliveries until batch_size messages or more)
+            while size < min(batch_size, rows - done):
+                batch.append(got.get(timeout=30))
+                size += len(batch[-1])
+            for d in batch:
+                d.finish()
+            done += size
+        return time.perf_counter() - t
+    finally:
+        consumer.close()
 
 
 if __name__ == "__main__":

@@ -41,7 +41,6 @@ import inspect
 import multiprocessing
 import os
 import platform
-import queue
 import shutil
 import statistics
 import sys
@@ -54,7 +53,8 @@ from pyspark.sql import functions as F
 
 from actors.broker import Broker
 from actors.broker.options import BrokerOptions
-from transport.client import Consumer, Delivery, Producer
+from bench import consume_cpu
+from transport.client import Producer
 from transport.spark import PartitionPublisher, PublishCounters, drain_to_parquet, to_json
 
 DRAIN_BATCH = inspect.signature(drain_to_parquet).parameters["batch_size"].default
@@ -126,8 +126,8 @@ def main() -> None:
                         assert counters.values()["published"] == a.rows, counters.values()
                         if how == "rows":  # the broker's own consume rate, same client
                             t = time.perf_counter()
-                            _consume(broker.zmq_endpoint, topic, a.rows,
-                                     drain_options.get("batch_size", DRAIN_BATCH))
+                            consume_cpu.consume(broker.zmq_endpoint, topic, "consume", a.rows,
+                                                drain_options.get("batch_size", DRAIN_BATCH))
                             consume.append(a.rows / (time.perf_counter() - t))
                         if how == "publish":  # and back: the topic to Parquet
                             out = os.path.join(tmp, f"drain-{size}-{run}")
@@ -189,28 +189,6 @@ def _publish(endpoint: str, topic: str, rows: int, pad: int, connections: int) -
         proc.join()
         assert proc.exitcode == 0, proc.exitcode
     return rows / (time.perf_counter() - t)
-
-
-def _consume(endpoint: str, topic: str, rows: int, batch_size: int) -> None:
-    """Read `rows` messages of `topic` as the drain's reader does, without Spark: a
-    Consumer with FIN held back, room for two batches in flight, each batch FINed."""
-    got: queue.SimpleQueue[Delivery] = queue.SimpleQueue()
-    consumer = Consumer(topic, "consume", got.put, endpoint, max_in_flight=2 * batch_size,
-                        auto_finish=False, batches=True, msg_timeout_ms=120_000,
-                        connections_per_broker=-(-2 * batch_size // 2500))
-    consumer.start()
-    try:
-        done = 0
-        while done < rows:
-            batch, size = [], 0  # (a batch: deliveries until batch_size messages or more)
-            while size < min(batch_size, rows - done):
-                batch.append(got.get(timeout=30))
-                size += len(batch[-1])
-            for d in batch:
-                d.finish()
-            done += size
-    finally:
-        consumer.close()
 
 
 if __name__ == "__main__":
