@@ -160,7 +160,8 @@ class _Runs:
         self._gone = self.pending = self.total = 0
 
     def add(self, positions: list[int], base: int, *, pending: bool = True) -> None:
-        """A run handed out: pending, or already acked (skipped: acked before a reopen)."""
+        """A run handed out: `positions` in one chunk, the first at index `base` in it;
+        pending, or already acked (skipped: acked before a reopen)."""
         n = len(positions)
         self._runs.append([positions, base, 0, bytearray(n) if pending else _ACKED * n])
         self._firsts.append(positions[0])
@@ -798,10 +799,10 @@ class DiskQueue:
             if skip and pos in skip:  # (acked in an earlier life: ack mode only)
                 skip.discard(pos)
                 if self._runs:  # above the floor: an ack a compacted journal must keep
-                    self._hand_out([pos], self._cidx - 1, pending=False)
+                    self._runs.add([pos], self._cidx - 1, pending=False)
                 continue
             if ack_mode:
-                self._hand_out([pos], self._cidx - 1)
+                self._runs.add([pos], self._cidx - 1)
             out.append((pos, data))
         if pos >= 0:
             self._rstate = (pos + 1, self._cidx)
@@ -825,14 +826,9 @@ class DiskQueue:
         self._cchunk, self._cidx = chunk, base + n
         self._read += n
         if self.ack_mode:
-            self._hand_out([p for p, _ in run], base)
+            self._runs.add([p for p, _ in run], base)
         out += run
         return last
-
-    def _hand_out(self, positions: list[int], base: int, *, pending: bool = True) -> None:
-        """Remember `positions` (in one chunk, the first at index `base` in it) as a run
-        handed out (ack mode): pending, or already acked (skipped: acked before a reopen)."""
-        self._runs.add(positions, base, pending=pending)
 
     def _decode(self) -> bool:
         """Decode the next frames into the read-ahead buffer; False if nothing came."""
