@@ -83,6 +83,30 @@ def test_a_row_over_the_message_limit_is_a_bad_row():
         publisher([{"text": "x" * 200}])
 
 
+def test_rows_are_serialised_a_chunk_at_a_time_and_each_bad_row_reported_where_it_is():
+    rows: list[dict[str, object]] = [{"id": i} for i in range(300)]
+    refused, too_large = {5: {"a"}, 7: {"b"}, 128: {"c"}, 150: {"d"}}, (6, 129, 299)
+    for i, value in refused.items():
+        rows[i] = {"tags": value}
+    for i in too_large:
+        rows[i] = {"id": "x" * 60}
+    publisher = PartitionPublisher("t", "tcp://127.0.0.1:1", batch_size=32,
+                                   batches_in_flight=4, max_message_size=40,
+                                   bad_rows_topic="t.bad")
+    bad: list[bytes] = []
+    groups = list(publisher._row_batches(iter(rows), bad))
+    assert [tag for tag, _ in groups] == ["", "", ""]  # 128 rows a time
+    mpubs = [m for _, ms in groups for m in ms]
+    assert all(1 <= len(m) <= 32 for m in mpubs)
+    assert [body for m in mpubs for body in m] == [
+        to_json(r) for i, r in enumerate(rows) if i not in refused and i not in too_large]
+    reports = sorted((r["index"], r["error"]) for r in map(json.loads, bad))
+    assert [i for i, _ in reports] == sorted([*refused, *too_large])
+    for i, error in reports:
+        assert (f"set value {refused[i]!r} cannot be serialised" if i in refused
+                else "69 bytes is over the 40-byte message limit") in error, (i, error)
+
+
 def test_publisher_checks_its_options_on_the_driver():
     with pytest.raises(ValueError, match="unknown serializer"):
         PartitionPublisher("t", "tcp://127.0.0.1:1", serializer="xml")
