@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import gc
 import io
 import json
 import math
 import struct
+import weakref
 
 import msgpack
 import pytest
@@ -18,6 +20,7 @@ from transport.spark import (
     PartitionPublisher,
     _row_converter,
     _SizedRows,
+    _young_collections_only,
     to_json,
     to_msgpack,
 )
@@ -95,7 +98,9 @@ def test_rows_are_serialised_a_chunk_at_a_time_and_each_bad_row_reported_where_i
                                    bad_rows_topic="t.bad")
     bad: list[bytes] = []
     groups = list(publisher._row_batches(iter(rows), bad))
-    assert [tag for tag, _ in groups] == ["", "", ""]  # 128 rows a time
+    # sent as they come (some 128 rows a time), not all at the end
+    assert len(groups) > 1
+    assert all(tag == "" for tag, _ in groups)
     mpubs = [m for _, ms in groups for m in ms]
     assert all(1 <= len(m) <= 32 for m in mpubs)
     assert [body for m in mpubs for body in m] == [
@@ -105,6 +110,39 @@ def test_rows_are_serialised_a_chunk_at_a_time_and_each_bad_row_reported_where_i
     for i, error in reports:
         assert (f"set value {refused[i]!r} cannot be serialised" if i in refused
                 else "69 bytes is over the 40-byte message limit") in error, (i, error)
+
+
+def test_a_partition_is_published_with_the_collector_held_off_and_cycles_still_collected(
+        monkeypatch):
+    import transport.spark as spark_module
+    monkeypatch.setattr(spark_module, "_YOUNG_OBJECTS", 1000)
+
+    class Cycle:
+        me: object
+
+    def leak() -> weakref.ref[Cycle]:
+        cycle = Cycle()
+        cycle.me = cycle
+        return weakref.ref(cycle)
+
+    assert gc.isenabled()
+    with _young_collections_only() as collect:
+        assert not gc.isenabled()
+        refs = []
+        for _ in range(5000):
+            refs.append(leak())
+            collect()
+        alive = sum(ref() is not None for ref in refs)
+        assert refs[0]() is None
+        assert alive <= 1001  # at most those made since the last collection
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with _young_collections_only() as collect:
+            collect()
+        assert not gc.isenabled()  # as it was
+    finally:
+        gc.enable()
 
 
 def test_publisher_checks_its_options_on_the_driver():
