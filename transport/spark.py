@@ -92,10 +92,9 @@ from transport.client import (
     Producer,
     PublishError,
     discover,
-    split_batches,
 )
 from transport.protocol.validation import TAG_RULE, ProtocolError, check_topic, valid_tag
-from transport.zmq.codec import Columns, SizedBodies
+from transport.zmq.codec import Columns, SizedBodies, sized
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +172,14 @@ def to_json(row: Any) -> bytes:
     """Strict JSON, in Spark's conventions: NaN and infinities as ``"NaN"``,
     ``"Infinity"`` and ``"-Infinity"``, binary as base64, dates and times as ISO 8601,
     decimals as strings (exact)."""
+    # a copy of its own size: the bytes orjson returns keep the page it wrote in, so a
+    # list of rows held would hold (and fault in) 4 KiB a row (2.5 us a row of 100 B
+    # held, against 0.5 for the copy); a publisher packs `_json`'s at once instead
+    return bytes(memoryview(_json(row)))
+
+
+def _json(row: Any) -> bytes:
+    """`to_json`'s bytes as made, for a body not held (`_Packer`)."""
     # orjson first (4x faster on a Row): it writes NaN and the infinities as null, so
     # its answer stands only if each null in it is one of the row's own None values;
     # a NaN, a None inside a value, or "null" inside a string, and the row goes the
@@ -190,10 +197,7 @@ def to_json(row: Any) -> bytes:
         pass
     else:
         if out.find(b"null") < 0 or out.count(b"null") == _nulls(row):
-            # a copy of its own size: the bytes orjson returns keep the page it wrote in,
-            # so a publisher holding an MPUB's rows would hold (and fault in) 4 KiB a row
-            # (2.5 us a row of 100 B held, against 0.5 for the copy)
-            return bytes(memoryview(out))
+            return out
     plain = _plain(row)
     try:
         return json.dumps(plain, default=_encode_value, allow_nan=False,
@@ -221,7 +225,8 @@ def _serializer(spec: str | Serializer) -> Serializer:
     if callable(spec):
         return spec
     try:
-        return {"json": to_json, "msgpack": to_msgpack, "raw": raw, _TAGGED: raw, _SIZED: raw}[spec]
+        # (a publisher's serializer: its bodies are packed at once, `_Packer`)
+        return {"json": _json, "msgpack": to_msgpack, "raw": raw, _TAGGED: raw, _SIZED: raw}[spec]
     except KeyError:
         raise ValueError(f"unknown serializer {spec!r} (json, msgpack, raw or a function)") \
             from None
@@ -372,10 +377,9 @@ class PartitionPublisher:
         column), `batches_in_flight` MPUBs' worth of rows at a time."""
         serialise = _serializer(self.serializer)
         lines = self.serializer == _TAGGED  # (from `publish` with a tag column)
-        chunk = self.batch_size * self.batches_in_flight
-        by_tag: dict[str, list[bytes]] = {}
+        packers: dict[str, _Packer] = {}
         if lines or self.tag_column is not None:
-            gathered = 0
+            chunk, gathered = self.batch_size * self.batches_in_flight, 0
             for index, row in enumerate(rows):
                 try:
                     tag, body = self._tagged_body(row, serialise, lines)
@@ -384,23 +388,26 @@ class PartitionPublisher:
                 except (TypeError, ValueError, OverflowError, KeyError) as e:
                     bad.append(self._bad_row(index, row, e))
                     continue
-                by_tag.setdefault(tag, []).append(body)
+                packer = packers.get(tag)
+                if packer is None:
+                    packer = packers[tag] = _Packer(self.batch_size)
+                packer.add([body])
                 gathered += 1
                 if gathered >= chunk:
-                    for tag_, bodies in by_tag.items():
-                        yield tag_, split_batches(bodies, self.batch_size)
-                    by_tag, gathered = {}, 0
+                    for tag_, packer in packers.items():
+                        yield tag_, packer.take()
+                    packers, gathered = {}, 0
         else:  # untagged: `_SERIALISED` rows at a time by map, not a Python loop a row
-            rows, base, bodies = iter(rows), 0, by_tag.setdefault("", [])
-            while taken := list(itertools.islice(rows, _SERIALISED)):
-                bodies += self._bodies(taken, serialise, base, bad)
+            rows, base = iter(rows), 0
+            packer = packers[""] = _Packer(self.batch_size)
+            while taken := list(itertools.islice(rows, min(_SERIALISED, packer.room()))):
+                packer.add(self._bodies(taken, serialise, base, bad))
                 base += len(taken)
-                if len(bodies) >= chunk:
-                    yield "", split_batches(bodies, self.batch_size)
-                    bodies = by_tag[""] = []
-        for tag_, bodies in by_tag.items():
-            if bodies:
-                yield tag_, split_batches(bodies, self.batch_size)
+                if len(packer.mpubs) >= self.batches_in_flight:
+                    yield "", packer.take()
+        for tag_, packer in packers.items():
+            if mpubs := packer.take():
+                yield tag_, mpubs
 
     def _bodies(self, rows: list[Any], serialise: Serializer, base: int, bad: list[bytes]
                 ) -> list[bytes]:
@@ -663,6 +670,51 @@ def _young_collections_only() -> Iterator[Callable[[], object]]:
 
 
 _YOUNG_OBJECTS = 200_000
+
+
+class _Packer:
+    """MPUBs made as their bodies come: each body after its size, joined into the open
+    MPUB at once (a `SizedBodies`, what a PMPUB sends), so no body is held past it (nor
+    the 4 KiB orjson wrote it in: `_json`); at most `most` bodies an MPUB and no more
+    than ``MAX_BATCH_BYTES`` (a body larger alone goes alone, for the broker to
+    refuse), as ``split_batches`` cuts them."""
+
+    __slots__ = ("_data", "_number", "most", "mpubs")
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self.mpubs: list[Sequence[bytes]] = []
+        self._data = bytearray()
+        self._number = 0
+
+    def room(self) -> int:
+        """How many bodies the open MPUB takes yet."""
+        return self.most - self._number
+
+    def add(self, bodies: list[bytes]) -> None:
+        """`bodies`, no more than `room` of them."""
+        if len(self._data) + 4 * len(bodies) + sum(map(len, bodies)) <= MAX_BATCH_BYTES - 4:
+            self._data += sized(bodies)
+            self._number += len(bodies)
+        else:  # one at a time, closing each MPUB that is full by bytes
+            for body in bodies:
+                if self._number and len(self._data) + 4 + len(body) > MAX_BATCH_BYTES - 4:
+                    self._close()
+                self._data += sized([body])
+                self._number += 1
+        if self._number >= self.most:
+            self._close()
+
+    def take(self) -> list[Sequence[bytes]]:
+        """The MPUBs made, the open one closed."""
+        if self._number:
+            self._close()
+        mpubs, self.mpubs = self.mpubs, []
+        return mpubs
+
+    def _close(self) -> None:
+        self.mpubs.append(SizedBodies(self._number, bytes(self._data)))
+        self._data, self._number = bytearray(), 0
 
 
 class _SizedRows(SparkSerializer):

@@ -112,6 +112,34 @@ def test_rows_are_serialised_a_chunk_at_a_time_and_each_bad_row_reported_where_i
                 else "69 bytes is over the 40-byte message limit") in error, (i, error)
 
 
+@pytest.mark.parametrize("tag_column", [None, "tag"])
+def test_rows_are_packed_into_mpubs_of_batch_size_under_the_byte_limit(monkeypatch, tag_column):
+    import transport.spark as spark_module
+    monkeypatch.setattr(spark_module, "MAX_BATCH_BYTES", 1000)
+    rows = [{"tag": "ab"[i % 3 == 0], "text": chr(65 + i % 26) * (60 + i % 50)}
+            for i in range(300)]
+    big = {"tag": "a", "text": "z" * 2000}
+    rows.insert(150, big)
+    publisher = PartitionPublisher("t", "tcp://127.0.0.1:1", batch_size=7,
+                                   batches_in_flight=3, max_message_size=10_000,
+                                   tag_column=tag_column)
+    bad: list[bytes] = []
+    by_tag: dict[str, list] = {}
+    for tag, mpubs in publisher._row_batches(iter(rows), bad):
+        by_tag.setdefault(tag, []).extend(mpubs)
+    assert not bad
+    assert sorted(by_tag) == ([""] if tag_column is None else ["a", "b"])
+    for tag, mpubs in by_tag.items():
+        mine = [r for r in rows if tag_column is None or r["tag"] == tag]
+        assert [body for m in mpubs for body in m] == [to_json(r) for r in mine]
+        # each MPUB within the limit (4 bytes of count, then each body after its size),
+        # and the row larger than it alone; filled, by rows or by bytes
+        sizes = [4 + len(m.data) for m in mpubs]
+        assert [s for s in sizes if s > 1000] == ([8 + len(to_json(big))] if tag != "b" else [])
+        assert all(len(m) <= 7 for m in mpubs)
+        assert len(mpubs) < len(mine) / 4
+
+
 def test_a_partition_is_published_with_the_collector_held_off_and_cycles_still_collected(
         monkeypatch):
     import transport.spark as spark_module

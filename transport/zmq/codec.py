@@ -118,6 +118,7 @@ __all__ = [
     "pack_bodies",
     "parse_reply",
     "parse_request",
+    "sized",
     "unpack_columns",
 ]
 
@@ -299,7 +300,7 @@ def pack_bodies(bodies: Sequence[bytes]) -> bytes:
     (4-byte big-endian integers)."""
     if isinstance(bodies, SizedBodies):
         return _SIZE.pack(bodies.number) + bodies.data
-    return _sized(bodies, _SIZE.pack(len(bodies)))
+    return sized(bodies, _SIZE.pack(len(bodies)))
 
 
 def mpub_body_size(bodies: Sequence[bytes]) -> int:
@@ -310,7 +311,7 @@ def mpub_body_size(bodies: Sequence[bytes]) -> int:
     return 4 + 4 * len(bodies) + sum(map(len, bodies))
 
 
-def _sized(items: Sequence[bytes], head: bytes = b"") -> bytes:
+def sized(items: Sequence[bytes], head: bytes = b"") -> bytes:
     """`head`, then each item after its size (4 bytes, big-endian), in one join."""
     size = _SIZE.pack
     parts: list[bytes] = [b""] * (2 * len(items) + 1)
