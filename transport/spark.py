@@ -404,7 +404,7 @@ class PartitionPublisher:
                 packer.add(self._bodies(taken, serialise, base, bad))
                 base += len(taken)
                 if len(packer.mpubs) >= self.batches_in_flight:
-                    yield "", packer.take()
+                    yield "", packer.full()
         for tag_, packer in packers.items():
             if mpubs := packer.take():
                 yield tag_, mpubs
@@ -438,36 +438,20 @@ class PartitionPublisher:
 
     def _sized_batches(self, runs: Iterable[SizedBodies | bytes], bad: list[bytes]
                        ) -> Iterator[tuple[str, list[Sequence[bytes]]]]:
-        """`_SizedRows`' runs joined into MPUBs of `batch_size` rows, or fewer where
-        more would pass ``MAX_BATCH_BYTES``, `batches_in_flight` at a time."""
-        mpubs: list[Sequence[bytes]] = []
-        parts: list[SizedBodies] = []
-        count = size = index = 0
+        """`_SizedRows`' runs joined into MPUBs (`_Packer`), `batches_in_flight` at a
+        time."""
+        packer = _Packer(self.batch_size)
+        index = 0
         for run in runs:
             if not isinstance(run, SizedBodies):  # a row over max_message_size, alone
                 bad.append(self._bad_row(index, run, self._too_large(len(run))))
                 index += 1
                 continue
             index += run.number
-            rest = run
-            while rest.number:
-                head, rest = rest.take(self.batch_size - count, MAX_BATCH_BYTES - 4 - size)
-                if not head.number:
-                    if parts:  # full, by rows or bytes: an MPUB
-                        mpubs.append(SizedBodies.join(parts))
-                        parts, count, size = [], 0, 0
-                        if len(mpubs) >= self.batches_in_flight:
-                            yield "", mpubs
-                            mpubs = []
-                        continue
-                    # (a row over MAX_BATCH_BYTES alone, as publish_batch sends it)
-                    head, rest = rest.take(1, len(rest.data))
-                parts.append(head)
-                count += head.number
-                size += len(head.data)
-        if parts:
-            mpubs.append(SizedBodies.join(parts))
-        if mpubs:
+            packer.add_run(run)
+            if len(packer.mpubs) >= self.batches_in_flight:
+                yield "", packer.full()
+        if mpubs := packer.take():
             yield "", mpubs
 
     def _too_large(self, size: int) -> ValueError:
@@ -673,54 +657,65 @@ _YOUNG_OBJECTS = 200_000
 
 
 class _Packer:
-    """MPUBs made as their bodies come: each body after its size, joined into the open
-    MPUB at once (a `SizedBodies`, what a PMPUB sends), so no body is held past it (nor
-    the 4 KiB orjson wrote it in: `_json`); at most `most` bodies an MPUB and no more
-    than ``MAX_BATCH_BYTES`` (a body larger alone goes alone, for the broker to
-    refuse), as ``split_batches`` cuts them."""
+    """MPUBs made as their bodies come, each body after its size (a `SizedBodies`, what
+    a PMPUB sends): at most `most` bodies an MPUB and no more than ``MAX_BATCH_BYTES``
+    (a body larger alone goes alone, for the broker to refuse), as ``split_batches``
+    cuts them.  A body is copied in as it is added, so none is held past it (nor the
+    4 KiB orjson wrote it in: `_json`); a run of sized rows (`_SizedRows`) is cut, not
+    copied."""
 
-    __slots__ = ("_data", "_number", "most", "mpubs")
+    __slots__ = ("_number", "_parts", "_size", "most", "mpubs")
 
     def __init__(self, most: int) -> None:
         self.most = most
-        self.mpubs: list[Sequence[bytes]] = []
-        self._data = bytearray()
-        self._number = 0
+        self.mpubs: list[Sequence[bytes]] = []  # closed
+        self._parts: list[bytes] = []  # the open MPUB's
+        self._number = self._size = 0
 
     def room(self) -> int:
-        """How many bodies the open MPUB takes yet."""
+        """How many bodies the open MPUB takes yet (at least one)."""
         return self.most - self._number
 
     def add(self, bodies: list[bytes]) -> None:
         """`bodies`, no more than `room` of them."""
-        if len(self._data) + 4 * len(bodies) + sum(map(len, bodies)) > MAX_BATCH_BYTES - 4:
-            for body in bodies:  # one at a time, closing each MPUB full by bytes
-                self.add_one(body)
-            return
-        self._data += sized(bodies)
-        self._number += len(bodies)
-        if self._number >= self.most:
-            self._close()
+        self.add_run(SizedBodies(len(bodies), sized(bodies)))
 
     def add_one(self, body: bytes) -> None:
-        if self._number and len(self._data) + 4 + len(body) > MAX_BATCH_BYTES - 4:
+        if self._number and self._size + 4 + len(body) > MAX_BATCH_BYTES - 4:
             self._close()
-        self._data += _SIZE.pack(len(body))
-        self._data += body
-        self._number += 1
-        if self._number >= self.most:
-            self._close()
+        self._put(1, _SIZE.pack(len(body)) + body)
 
-    def take(self) -> list[Sequence[bytes]]:
-        """The MPUBs made, the open one closed."""
-        if self._number:
-            self._close()
+    def add_run(self, run: SizedBodies) -> None:
+        while run.number:
+            head, run = run.take(self.most - self._number, MAX_BATCH_BYTES - 4 - self._size)
+            if not head.number:
+                if self._number:  # full by bytes
+                    self._close()
+                    continue
+                head, run = run.take(1, len(run.data))  # (over MAX_BATCH_BYTES alone)
+            self._put(head.number, head.data)
+
+    def full(self) -> list[Sequence[bytes]]:
+        """The MPUBs closed so far."""
         mpubs, self.mpubs = self.mpubs, []
         return mpubs
 
+    def take(self) -> list[Sequence[bytes]]:
+        """Every MPUB made, the open one closed."""
+        if self._number:
+            self._close()
+        return self.full()
+
+    def _put(self, number: int, data: bytes) -> None:
+        self._parts.append(data)
+        self._number += number
+        self._size += len(data)
+        if self._number >= self.most:
+            self._close()
+
     def _close(self) -> None:
-        self.mpubs.append(SizedBodies(self._number, bytes(self._data)))
-        self._data, self._number = bytearray(), 0
+        self.mpubs.append(SizedBodies(self._number, b"".join(self._parts)))
+        self._parts, self._number, self._size = [], 0, 0
 
 
 class _SizedRows(SparkSerializer):
