@@ -403,8 +403,8 @@ class PartitionPublisher:
             while taken := list(itertools.islice(rows, min(_SERIALISED, packer.room()))):
                 packer.add(self._bodies(taken, serialise, base, bad))
                 base += len(taken)
-                if len(packer.mpubs) >= self.batches_in_flight:
-                    yield "", packer.full()
+                while len(packer.mpubs) >= self.batches_in_flight:
+                    yield "", packer.full(self.batches_in_flight)
         for tag_, packer in packers.items():
             if mpubs := packer.take():
                 yield tag_, mpubs
@@ -448,9 +448,9 @@ class PartitionPublisher:
                 index += 1
                 continue
             index += run.number
-            packer.add_run(run)
-            if len(packer.mpubs) >= self.batches_in_flight:
-                yield "", packer.full()
+            packer.add_run(run)  # (a run may make many MPUBs: a few at a time)
+            while len(packer.mpubs) >= self.batches_in_flight:
+                yield "", packer.full(self.batches_in_flight)
         if mpubs := packer.take():
             yield "", mpubs
 
@@ -695,9 +695,10 @@ class _Packer:
                 head, run = run.take(1, len(run.data))  # (over MAX_BATCH_BYTES alone)
             self._put(head.number, head.data)
 
-    def full(self) -> list[Sequence[bytes]]:
-        """The MPUBs closed so far."""
-        mpubs, self.mpubs = self.mpubs, []
+    def full(self, most: int | None = None) -> list[Sequence[bytes]]:
+        """The MPUBs closed so far (the first `most` of them)."""
+        most = len(self.mpubs) if most is None else most
+        mpubs, self.mpubs = self.mpubs[:most], self.mpubs[most:]
         return mpubs
 
     def take(self) -> list[Sequence[bytes]]:

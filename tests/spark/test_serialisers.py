@@ -248,15 +248,18 @@ def test_a_stream_of_rows_that_ends_early_or_holds_a_null_is_an_error(stream):
         list(_SizedRows(100).load_stream(io.BufferedReader(io.BytesIO(stream))))
 
 
-def test_runs_are_published_as_mpubs_of_batch_size_and_a_row_too_large_is_a_bad_row():
+@pytest.mark.parametrize("buffer_size", [300, 100_000], ids=["small runs", "one large run"])
+def test_runs_are_published_as_mpubs_of_batch_size_and_a_row_too_large_is_a_bad_row(
+        buffer_size):
     rows = [b'{"id":%d}' % i for i in range(1000)] + [b"z" * 50] + [b"{}"] * 10
     runs = list(_SizedRows(40).load_stream(
-        io.BufferedReader(io.BytesIO(jvm_stream(rows)), buffer_size=300)))
+        io.BufferedReader(io.BytesIO(jvm_stream(rows)), buffer_size=buffer_size)))
     publisher = PartitionPublisher("t", "tcp://127.0.0.1:1", batch_size=64,
                                    batches_in_flight=3, max_message_size=40,
                                    bad_rows_topic="t.bad")
     bad: list[bytes] = []
     groups = list(publisher._sized_batches(runs, bad))
+    # (never more than batches_in_flight at once: each publish goes to the next broker)
     assert all(tag == "" and 1 <= len(mpubs) <= 3 for tag, mpubs in groups)
     mpubs = [m for _, ms in groups for m in ms]
     assert [len(m) for m in mpubs] == [64] * 15 + [1010 - 64 * 15]
