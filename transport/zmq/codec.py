@@ -45,6 +45,7 @@ Replies (broker to client) are lists of frames:
 from __future__ import annotations
 
 import dataclasses
+import operator
 import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
@@ -508,9 +509,13 @@ def encode_packed_messages(messages: Sequence[bytes]) -> list[bytes]:
     """``MESSAGES headers sizes lines``: the same messages as columns (a session that
     asked for ``packed_messages``: four frames to send and receive, not one a message;
     a reader of JSON lines takes the bodies as they come, docs/PROTOCOL.md 1.5)."""
-    bodies = [m[HEADER_SIZE:] for m in messages]
-    return [b"MESSAGES", b"".join([m[:HEADER_SIZE] for m in messages]), _sizes_of(bodies),
+    bodies = list(map(_BODY, messages))  # (sliced by map: no bytecode a message)
+    return [b"MESSAGES", b"".join(map(_HEAD, messages)), _sizes_of(bodies),
             b"\n".join(bodies)]
+
+
+_HEAD = operator.itemgetter(slice(HEADER_SIZE))
+_BODY = operator.itemgetter(slice(HEADER_SIZE, None))
 
 
 _HEARTBEAT = [b"HEARTBEAT"]
